@@ -1,0 +1,1 @@
+"""Byzantium: multi-agent LLM protocols under faulty and adversarial agents, on a batched paged-KV engine."""

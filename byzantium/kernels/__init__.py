@@ -1,0 +1,34 @@
+"""The one dispatch point for attention over the paged KV cache.
+
+Every backend module provides the same three functions (see `reference.py` for their contract):
+`store_kv`, `append_prefill_attention`, `paged_decode_attention`.
+"""
+import importlib
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+
+
+def attention_ops(backend="auto", device="cpu"):
+    """Return the module implementing attention for `backend` on `device`.
+
+    auto: Triton on CUDA when triton imports, the torch reference otherwise.
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention_backend {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+    device_type = getattr(device, "type", str(device).split(":")[0])
+    if backend == "auto":
+        backend = "triton" if device_type == "cuda" and _importable("triton") else "torch"
+    if backend == "torch":
+        from . import reference
+        return reference
+    if backend == "triton":
+        if not _importable("triton"):
+            raise RuntimeError("attention_backend='triton' needs the triton package (pip install triton)")
+        return importlib.import_module(".triton_ops", __name__)
+    if not _importable("flash_attn"):
+        raise RuntimeError("attention_backend='flash_attn' needs flash-attn (pip install 'byzantium[flash]')")
+    return importlib.import_module(".flash", __name__)
+
+
+def _importable(name):
+    return importlib.util.find_spec(name) is not None
