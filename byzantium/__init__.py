@@ -1,1 +1,10 @@
-"""Byzantium: multi-agent LLM protocols under faulty and adversarial agents, on a batched paged-KV engine."""
+"""Byzantium: multi-agent LLM protocols under faulty and adversarial agents, on a batched paged-KV engine.
+
+Public API: Engine, AsyncEngine, SamplingParams, RequestOutput, Session, load_llm.
+"""
+from .engine.async_engine import AsyncEngine
+from .engine.engine import Engine, RequestOutput
+from .engine.sampling import SamplingParams
+from .engine.sequence import Session
+
+__all__ = ["Engine", "AsyncEngine", "SamplingParams", "RequestOutput", "Session"]

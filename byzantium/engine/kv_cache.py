@@ -1,0 +1,112 @@
+"""Paged KV cache: the preallocated block pool and the BlockManager with prefix caching.
+
+Only full blocks are hashed: hash(parent block's hash + this block's token ids), so a hash names the
+whole prefix up to the block's end. A hit is confirmed by comparing the token ids. A freed block keeps
+its hash (and so its cached K/V) until it is handed out again; the free list is LRU: unhashed blocks
+are reused first, then hashed blocks in the order they were freed.
+"""
+import hashlib
+from array import array
+from collections import OrderedDict
+
+import torch
+
+
+def block_hash(parent, token_ids):
+    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
+
+
+def allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
+    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; layer i uses cache[i, 0] / cache[i, 1].
+
+    Zero-filled: on CPU calloc'd pages cost nothing until written.
+    """
+    return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+
+class BlockManager:
+    def __init__(self, num_blocks, block_size):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref_counts = [0] * num_blocks
+        self.hashes = [None] * num_blocks  # block id -> hash it is registered under
+        self.tokens = [None] * num_blocks  # block id -> token ids, to confirm hits
+        self.hash_to_block = {}
+        self.free = OrderedDict((i, None) for i in range(num_blocks))  # front = reused first
+
+    @property
+    def num_free(self):
+        return len(self.free)
+
+    def blocks_needed(self, seq, num_tokens):
+        """New blocks `seq` needs so that its first num_tokens tokens have slots."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    # -- prefix cache --------------------------------------------------------------------------------
+    def match_prefix(self, token_ids):
+        """Cached blocks (ids, hashes) holding a prefix of token_ids, never the block of the last token:
+        a prompt that is entirely cached still computes its last token to get logits."""
+        ids, hashes, parent = [], [], b""
+        for i in range((len(token_ids) - 1) // self.block_size):
+            chunk = token_ids[i * self.block_size:(i + 1) * self.block_size]
+            h = block_hash(parent, chunk)
+            block = self.hash_to_block.get(h)
+            if block is None or self.tokens[block] != tuple(chunk):
+                break
+            ids.append(block)
+            hashes.append(h)
+            parent = h
+        return ids, hashes
+
+    def num_free_after_hits(self, hit_ids):
+        return self.num_free - sum(1 for b in hit_ids if self.ref_counts[b] == 0)
+
+    def acquire_prefix(self, seq, hit_ids, hit_hashes):
+        for b in hit_ids:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+        seq.block_table = list(hit_ids)
+        seq.block_hashes = list(hit_hashes)
+        seq.num_computed = len(hit_ids) * self.block_size
+
+    def register_full_blocks(self, seq, num_tokens):
+        """Hash the blocks of `seq` that are full within its first num_tokens tokens.
+
+        Called when the step that computes those tokens is scheduled: the forward pass stores every
+        token's K/V before any attention reads it, so a sequence hitting these blocks in the same step
+        reads the right values.
+        """
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_tokens // bs):
+            chunk = seq.token_ids[i * bs:(i + 1) * bs]
+            parent = seq.block_hashes[-1] if seq.block_hashes else b""
+            h = block_hash(parent, chunk)
+            seq.block_hashes.append(h)
+            block = seq.block_table[i]
+            if h not in self.hash_to_block:  # an identical block computed elsewhere stays the registered one
+                self.hash_to_block[h] = block
+                self.hashes[block] = h
+                self.tokens[block] = tuple(chunk)
+
+    # -- allocation ----------------------------------------------------------------------------------
+    def allocate(self, seq, num_tokens):
+        """Give `seq` slots for its first num_tokens tokens. The caller checked blocks_needed <= num_free."""
+        for _ in range(self.blocks_needed(seq, num_tokens)):
+            block, _ = self.free.popitem(last=False)
+            if self.hashes[block] is not None:  # evict the cached content it held
+                if self.hash_to_block.get(self.hashes[block]) == block:
+                    del self.hash_to_block[self.hashes[block]]
+                self.hashes[block] = self.tokens[block] = None
+            self.ref_counts[block] = 1
+            seq.block_table.append(block)
+
+    def release(self, seq):
+        """Drop the sequence's references; blocks nobody uses go back to the free list."""
+        for block in reversed(seq.block_table):  # tail blocks first: they are the least likely to be shared
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+                if self.hashes[block] is None:
+                    self.free.move_to_end(block, last=False)  # nothing cached in it: reuse it first
+        seq.block_table, seq.block_hashes = [], []
+        seq.num_computed = 0

@@ -1,0 +1,78 @@
+"""The state of one request (a Sequence) and of a round-robin session (a pinned Sequence)."""
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+
+class Status(Enum):
+    WAITING = auto()  # queued; may already hold blocks (a preempted request holds none, a session keeps its own)
+    RUNNING = auto()  # admitted: holds blocks, is prefilled or decoded each step
+    FINISHED = auto()  # done; a plain request has released its blocks
+    IDLE = auto()  # a session between turns: keeps its blocks, waits for extend / continue_
+    CLOSED = auto()  # a closed session: blocks released
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    token_ids: list[int]
+    params: object  # SamplingParams, or None for a logits-only request
+    generator: object = None
+    pinned: bool = False  # sessions: never preempted, blocks kept between turns
+    logits_only: bool = False  # score/logits: one forward pass, no token sampled
+    status: Status = Status.WAITING
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of the leading full blocks
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    turn_start: int = 0  # index of the first token of this turn's prompt part (sessions: earlier turns)
+    output_start: int = 0  # index of the first token generated in this turn
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
+    finish_reason: str | None = None
+    stop_text_at: int | None = None  # length of the output text before a matched stop string
+    logprobs: list = field(default_factory=list)
+    logits: object = None  # logits-only result: fp32 [vocab]
+
+    def __len__(self):
+        return len(self.token_ids)
+
+    @property
+    def num_uncomputed(self):
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def output_ids(self):
+        return self.token_ids[self.output_start:]
+
+    @property
+    def num_output(self):
+        return len(self.token_ids) - self.output_start
+
+    def start_turn(self, params, generator, logits_only=False):
+        """Begin a request on this sequence: everything up to now is its prompt."""
+        self.params, self.generator, self.logits_only = params, generator, logits_only
+        self.turn_start = self.num_computed
+        self.output_start = len(self.token_ids)
+        self.finish_reason, self.stop_text_at, self.logits = None, None, None
+        self.logprobs = []
+        self.status = Status.WAITING
+
+
+class Session:
+    """A caller's handle on a pinned sequence that keeps its KV cache between round-robin turns."""
+
+    def __init__(self, seq):
+        self.seq = seq
+
+    @property
+    def token_ids(self):
+        return list(self.seq.token_ids)
+
+    @property
+    def num_tokens(self):
+        return len(self.seq.token_ids)
+
+    @property
+    def closed(self):
+        return self.seq.status is Status.CLOSED
+
+    def __repr__(self):
+        return f"Session(id={self.seq.seq_id}, tokens={len(self.seq)}, status={self.seq.status.name})"

