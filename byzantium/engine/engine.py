@@ -215,7 +215,7 @@ class Engine:
                 to_sample.append((row, seq))
         if to_sample:
             rows = torch.tensor([r for r, _ in to_sample], device=logits.device)
-            tokens, logprobs = sample(logits[rows], [s for _, s in to_sample])
+            tokens, logprobs = sample(logits.index_select(0, rows), [s for _, s in to_sample])
             for (_, seq), token, lp in zip(to_sample, tokens, logprobs):
                 seq.token_ids.append(token)
                 if lp is not None:

@@ -127,6 +127,7 @@ def convert_gguf(gguf: str | os.PathLike, root: str | os.PathLike | None = None)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         _convert(gguf, tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
         try:
             os.replace(tmp, out)
         except OSError:

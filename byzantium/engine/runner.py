@@ -72,4 +72,4 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, meta, self.kv_cache)
         if not logit_rows:
             return None, logit_rows
-        return self.model.compute_logits(hidden[self._tensor(logit_rows)]), logit_rows
+        return self.model.compute_logits(hidden.index_select(0, self._tensor(logit_rows))), logit_rows

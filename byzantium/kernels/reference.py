@@ -4,26 +4,47 @@ Cache layout (per layer): k_cache, v_cache `[num_blocks, block_size, num_kv_head
 token at position p of a sequence lives in slot `block_table[p // block_size] * block_size +
 p % block_size`. GQA: query head h reads KV head `h // (Hq // Hkv)`. Slots past a sequence's length
 may hold anything (NaN included) and are never allowed to leak into the result.
+
+Every layer of a step calls these with the same metadata tensors, so what depends only on the
+metadata (gather indices, masks) is computed once per step and reused (a one-entry memo keyed on
+the metadata tensors themselves).
 """
 import torch
 import torch.nn.functional as F
 
+_memo = {}
+
+
+def _per_step(name, key, make):
+    """make() once for as long as `key` (a tuple of tensors) is the same objects as last time."""
+    hit = _memo.get(name)
+    if hit is not None and len(hit[0]) == len(key) and all(a is b for a, b in zip(hit[0], key)):
+        return hit[1]
+    value = make()
+    _memo[name] = (key, value)
+    return value
+
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping):
     """Write k, v `[T, Hkv, D]` into the cache slots `slot_mapping[T]`; slot -1 means skip."""
-    if (slot_mapping < 0).any():
-        keep = slot_mapping >= 0
+    keep = _per_step("store", (slot_mapping,), lambda: None if bool((slot_mapping >= 0).all()) else slot_mapping >= 0)
+    if keep is not None:
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     num_kv_heads, head_dim = k_cache.shape[-2:]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
-def _gather(cache, block_table, length):
-    """The first `length` tokens of one sequence, `[length, Hkv, D]` (a copy)."""
-    block_size = cache.shape[1]
-    num_blocks = -(-length // block_size)
-    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+def _token_slots(block_tables, lengths, block_size):
+    """Flat slot index of every token position [B, max_len], and validity [B, max_len]. Positions past
+    a sequence's length point at its first slot (always written, so finite) and are masked anyway."""
+    max_len = int(lengths.max())
+    pos = torch.arange(max_len, device=block_tables.device)
+    num_blocks = -(-max_len // block_size)
+    table = block_tables[:, :num_blocks].long()
+    slots = (table[:, :, None] * block_size + torch.arange(block_size, device=table.device)).flatten(1)[:, :max_len]
+    valid = pos[None, :] < lengths[:, None]
+    return torch.where(valid, slots, slots[:, :1]), valid
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
@@ -33,40 +54,52 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     sequence b's total length with the new tokens' K/V already stored, so new token j of sequence b
     sits at position `seq_lens[b] - q_len_b + j`. Returns `[T, Hq, D]`.
     """
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    plan = _per_step("prefill", (cu_seqlens_q, seq_lens, block_tables),
+                     lambda: _prefill_plan(cu_seqlens_q, seq_lens, block_tables, k_cache.shape[1]))
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty_like(q)
-    starts = cu_seqlens_q.tolist()
-    lengths = seq_lens.tolist()
-    for b, total in enumerate(lengths):
-        start, end = starts[b], starts[b + 1]
-        q_len = end - start
-        if q_len == 0:
-            continue
-        k = _gather(k_cache, block_tables[b], total).transpose(0, 1)  # [Hkv, L, D]
-        v = _gather(v_cache, block_tables[b], total).transpose(0, 1)
-        # Bottom-right aligned causal mask: new token j sees keys up to position total - q_len + j.
-        query_pos = torch.arange(total - q_len, total, device=q.device)
-        key_pos = torch.arange(total, device=q.device)
-        mask = key_pos[None, :] <= query_pos[:, None]
-        qb = q[start:end].transpose(0, 1)  # [Hq, q_len, D]
-        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    for start, end, slots, mask in plan:
+        k = flat_k.index_select(0, slots).transpose(0, 1)  # [Hkv, L, D]
+        v = flat_v.index_select(0, slots).transpose(0, 1)
+        o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
+                                           enable_gqa=True)
         out[start:end] = o.transpose(0, 1)
     return out
+
+
+def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size):
+    """Per sequence: its query rows, the slots of its keys, and its causal mask."""
+    plan = []
+    starts, lengths = cu_seqlens_q.tolist(), seq_lens.tolist()
+    for b, total in enumerate(lengths):
+        start, end = starts[b], starts[b + 1]
+        if end == start:
+            continue
+        slots, _ = _token_slots(block_tables[b:b + 1], seq_lens[b:b + 1], block_size)
+        # Bottom-right aligned causal mask: new token j sees keys up to position total - q_len + j.
+        query_pos = torch.arange(total - (end - start), total, device=slots.device)
+        mask = torch.arange(total, device=slots.device)[None, :] <= query_pos[:, None]
+        plan.append((start, end, slots[0], mask))
+    return plan
 
 
 def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale):
     """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens."""
     batch, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    max_len = int(seq_lens.max())
-    num_blocks = -(-max_len // block_size)
-    table = block_tables[:, :num_blocks]
-    # [B, L, Hkv, D] -> [B, Hkv, L, D]; query heads grouped by their KV head so K/V are never repeated.
-    k = k_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    v = v_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
-    v = torch.where(valid[:, None, :, None], v, 0)  # unwritten slots may hold NaN: 0 * NaN = NaN
-    scores = torch.matmul(q.view(batch, num_kv_heads, group, head_dim), k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.matmul(probs, v).view(batch, num_heads, head_dim)
+    num_kv_heads = k_cache.shape[2]
+    slots, mask = _per_step("decode", (seq_lens, block_tables), lambda: _decode_plan(seq_lens, block_tables, k_cache.shape[1]))
+    # index_select, not advanced indexing: the latter takes a slow per-element path on CPU.
+    shape = (batch, -1, num_kv_heads, head_dim)
+    k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(shape).transpose(1, 2)
+    # The query heads of one KV head act as that head's "query rows": GQA without repeating K/V.
+    qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def _decode_plan(seq_lens, block_tables, block_size):
+    slots, valid = _token_slots(block_tables, seq_lens, block_size)
+    return slots.flatten(), valid[:, None, None, :]

@@ -56,10 +56,10 @@ def rope_tables(config, head_dim, max_positions):
     return freqs.cos() * scaling, freqs.sin() * scaling
 
 
-def apply_rope(x, cos, sin):
-    """x [T, H, D]; cos/sin [T, 1, D/2]; rotate-half convention of transformers."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def apply_rope(x, cos, signed_sin):
+    """x [T, H, D]; cos = cat(c, c), signed_sin = cat(-s, s), each [T, 1, D]: transformers' rotate-half
+    x * cos + rotate_half(x) * sin, with the sign folded into the table so rotate_half is a roll."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -87,7 +87,7 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin).contiguous()
         ops = meta.ops
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         d = meta.num_decode
@@ -166,8 +166,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, meta, kv_cache):
         """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""
         x = self.model.embed_tokens(input_ids)
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        cos = self.rope_cos.index_select(0, positions).to(x.dtype).unsqueeze(1)
+        sin = self.rope_sin.index_select(0, positions).to(x.dtype).unsqueeze(1)
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, meta, kv_cache[i, 0], kv_cache[i, 1])
         return self.model.norm(x)
