@@ -183,6 +183,7 @@ class Engine:
         return seq
 
     def submit(self, seq):
+        self._stats.totals["requests"] += 1
         self.scheduler.add(seq)
 
     # -- the step -----------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ class Engine:
         if seq.stop_text_at is not None:
             text = text[:seq.stop_text_at]
         cached = seq.turn_start if seq.pinned else (seq.num_cached_tokens or 0)
-        return RequestOutput(seq.seq_id, text, list(ids), seq.finish_reason, seq.output_start - 0, cached,
+        return RequestOutput(seq.seq_id, text, list(ids), seq.finish_reason, seq.output_start, cached,
                              list(seq.logprobs) if seq.params and seq.params.logprobs is not None else None,
                              seq.token_ids[:seq.output_start])
 

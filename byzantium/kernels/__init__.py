@@ -4,6 +4,7 @@ Every backend module provides the same three functions (see `reference.py` for t
 `store_kv`, `append_prefill_attention`, `paged_decode_attention`.
 """
 import importlib
+import importlib.util
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 

@@ -1,0 +1,48 @@
+"""Tasks: records, loaders (local files, hub ids, built-in generators), answer checking.
+
+    load_task("gen-track", limit=20, seed=0)           a built-in generator
+    load_task("data/gsm8k.jsonl", limit=100, seed=0)   a local file, format detected
+    load_task("data/x.jsonl", format="bbh")            a local file, format named
+    load_task("gsm8k")                                  the `datasets` hub (when reachable)
+"""
+
+from pathlib import Path
+from types import MappingProxyType
+
+from .answers import KINDS, extract_answer, is_correct, normalize_answer
+from .generators import gen_arith, gen_order, gen_track
+from .loaders import FORMATS, HUB, detect_format, load_hub, load_jsonl, read_records
+from .record import Task
+
+# Built-in generators by name: fn(n, seed, **options) -> list[Task]. Read-only.
+TASKS = MappingProxyType({"gen-arith": gen_arith, "gen-track": gen_track, "gen-order": gen_order})
+DEFAULT_N = 100
+
+
+def get_task(name, n=DEFAULT_N, seed=0, **options):
+    """n problems of a built-in generator (options: k=... for gen-track / gen-order)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown generated task {name!r}; known: {sorted(TASKS)}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return TASKS[name](n, seed=seed, **options)
+
+
+def load_task(name_or_path, limit=None, seed=None, format=None):
+    """Tasks by generator name, local file path, or dataset name / hub id.
+
+    For files and the hub, `seed` (when given) shuffles before `limit` picks; for generators it
+    is the generator seed (default 0) and `limit` the number of problems (default DEFAULT_N)."""
+    name = str(name_or_path)
+    if name in TASKS:
+        return get_task(name, DEFAULT_N if limit is None else limit, 0 if seed is None else seed)
+    if Path(name).exists():
+        return load_jsonl(name, format=format, limit=limit, seed=seed)
+    if name.split(":")[0] in HUB or ("/" in name and not name.endswith((".jsonl", ".json", ".gz"))):
+        return load_hub(name, format=format, limit=limit, seed=seed)
+    raise ValueError(f"unknown task {name!r}: not a generator ({', '.join(TASKS)}), not an existing "
+                     f"file, not a dataset name ({', '.join(HUB)})")
+
+
+__all__ = ["Task", "KINDS", "FORMATS", "HUB", "TASKS", "get_task", "load_task", "load_jsonl", "load_hub",
+           "read_records", "detect_format", "extract_answer", "is_correct", "normalize_answer"]
