@@ -1,0 +1,532 @@
+"""Answer extraction and THE correctness check: every metric goes through `is_correct`.
+
+    extract_answer(text, kind, choices)  model output -> the answer it states (or None)
+    normalize_answer(answer, kind)       answer -> canonical string, equal for equivalent answers
+                                         ("1/2", "\\frac{1}{2}", "0.5" -> "0.5"); used for votes
+    is_correct(predicted, gold, kind)    equivalence; canonical equality implies correctness
+
+Kinds: "number" (GSM8K), "math" (MATH: LaTeX, sympy equivalence), "choice" (a letter),
+"bool" (yes/no), "text" (normalised string), "code" (normalised source; execution-based
+checking belongs to a sandbox, not here).
+
+LaTeX is turned into sympy-parsable text by a small converter (sympy's own LaTeX parser needs
+an exact antlr4 runtime version); only whitelisted names reach `parse_expr`, and every sympy call
+runs under a time limit so a pathological answer from an adversarial agent cannot hang a run.
+"""
+
+import math
+import re
+import signal
+import string
+import threading
+from fractions import Fraction
+
+KINDS = ("number", "math", "choice", "bool", "text", "code")
+LETTERS = "ABCDEFGHIJ"
+SYMPY_SECONDS = 2.0
+REL_TOL = 1e-6
+
+
+# ------------------------------------------------------------------------------------- extraction
+
+def extract_answer(text, kind, choices=None):
+    """The answer stated in a model's output, as a string, or None when none is found."""
+    _check_kind(kind)
+    if text is None:
+        return None
+    text = re.sub(r"<think>.*?</think>", "", str(text), flags=re.S).strip()
+    if kind == "code":
+        blocks = re.findall(r"```[\w+-]*\n(.*?)```", text, flags=re.S)
+        return (blocks[-1] if blocks else text).strip() or None
+    if kind == "choice":
+        return _extract_choice(text, choices)
+    if kind == "bool":
+        return _extract_bool(text)
+    cand = last_boxed(text)
+    if cand is None:
+        cand = _answer_line(text)
+    if kind == "number":
+        if cand is None:
+            m = re.findall(r"####\s*(.+)", text)
+            return _number_in(m[-1]) if m else _last_number(text)
+        return _number_in(cand)
+    if kind == "math":
+        if cand is not None:
+            m = re.search(r"\$+([^$]+)\$+", cand)
+            cand = m.group(1) if m else cand
+        else:
+            dollars = re.findall(r"\$+([^$]+)\$+", text)
+            cand = dollars[-1] if dollars else _last_number(text)
+        return _clean(cand) if cand is not None else None
+    return _clean(cand) if cand is not None else (text or None)  # text
+
+
+def last_boxed(text):
+    """Content of the last top-level \\boxed{...} (or \\fbox), nested braces allowed; None if absent
+    or cut off."""
+    found, i = None, 0
+    while True:
+        m = re.compile(r"\\(?:boxed|fbox)").search(text, i)
+        if not m:
+            return found
+        j = m.end()
+        if not text.startswith("{", j):  # "\boxed 5"
+            b = re.match(r"\s+([^\s$]+)", text[j:])
+            found, i = (b.group(1) if b else found), j
+            continue
+        depth, end = 0, None
+        for k in range(j, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[k], 0)
+            if depth == 0:
+                end = k
+                break
+        if end is None:
+            return found
+        found, i = text[j + 1:end], end + 1
+
+
+def _answer_line(text):
+    """What follows the last 'answer is' / 'Answer:' marker, up to the end of its sentence."""
+    hits = list(re.finditer(r"(?i)\banswer\s*(?:is|:|=)\s*:?", text))
+    if not hits:
+        return None
+    rest = text[hits[-1].end():].split("\n")[0]
+    rest = re.split(r"\.\s", rest + " ")[0]
+    return _clean(rest) or None
+
+
+def _clean(s):
+    s = s.strip().strip("*").strip()
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    return s.rstrip(".").strip()
+
+
+_NUM = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
+
+
+def _number_in(s):
+    """The number a candidate states: right of its last '=', first number there, commas dropped."""
+    if s is None:
+        return None
+    s = s.split("=")[-1]
+    s = re.sub(r"\\frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
+    m = re.search(rf"({_NUM})(?:\s*/\s*(\d+))?", s)
+    if not m:
+        return None
+    num = m.group(1).replace(",", "")
+    return f"{num}/{m.group(2)}" if m.group(2) else num
+
+
+def _last_number(text):
+    nums = re.findall(_NUM, text)
+    return nums[-1].replace(",", "") if nums else None
+
+
+def _extract_choice(text, choices):
+    letters = LETTERS[:len(choices)] if choices else LETTERS
+    for cand in (last_boxed(text), _answer_line(text)):
+        if cand is not None:
+            got = _letter_in(cand, letters, choices)
+            if got:
+                return got
+    parens = re.findall(rf"\(([{letters}{letters.lower()}])\)", text)
+    if parens:
+        return parens[-1].upper()
+    starts = re.findall(rf"(?m)^\s*\**([{letters}])[.):]", text)
+    if starts:
+        return starts[-1]
+    last_line = text.strip().split("\n")[-1] if text.strip() else ""
+    return _letter_in(last_line, letters, choices)
+
+
+def _letter_in(cand, letters, choices):
+    c = _clean(re.sub(r"\\text\{([^}]*)\}", r"\1", cand))
+    m = re.fullmatch(rf"\(?([{letters}])\)?[.):]?|\(([{letters.lower()}])\)", c)
+    if m:  # a bare letter is a letter even when an option's text is also "C"
+        return (m.group(1) or m.group(2)).upper()
+    if choices:  # the option's own text ("Answer: a marsh") wins over letter guessing
+        norm = _text_norm(c)
+        hits = [i for i, ch in enumerate(choices) if _text_norm(ch) == norm]
+        if len(hits) == 1:
+            return letters[hits[0]]
+    m = (re.match(rf"^\(?([{letters}])\)?(?:[.):,\s]|$)", c)
+         or re.match(rf"^\(([{letters.lower()}])\)", c)
+         or re.match(rf"^([{letters.lower()}])(?:[.)]|$)", c)
+         or re.search(rf"\(([{letters}{letters.lower()}])\)", c)
+         or re.search(rf"\b(?:option|choice)\s+([{letters}])\b", c, flags=re.I))
+    return m.group(1).upper() if m else None
+
+
+_BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no",
+         "entailment": "yes", "not entailment": "no", "not_entailment": "no"}
+_BOOL_RE = r"\b(not[ _]entailment|entailment|yes|no|true|false)\b"
+
+
+def _extract_bool(text):
+    for cand in (last_boxed(text), _answer_line(text)):
+        if cand is not None:
+            m = re.search(_BOOL_RE, cand, flags=re.I)
+            if m:
+                return _BOOL[m.group(1).lower()]
+    m = re.match(r"\W*" + _BOOL_RE, text, flags=re.I)  # "Yes, because ..."
+    if m:
+        return _BOOL[m.group(1).lower()]
+    hits = re.findall(_BOOL_RE, text, flags=re.I)
+    return _BOOL[hits[-1].lower()] if hits else None
+
+
+# ---------------------------------------------------------------------------------- normalisation
+
+def normalize_answer(answer, kind):
+    """Canonical form for grouping votes; None when the answer is missing or unreadable."""
+    _check_kind(kind)
+    if answer is None:
+        return None
+    a = str(answer).strip()
+    if kind == "choice":
+        m = re.fullmatch(r"\(?([A-Ja-j])\)?[.):]?", _clean(a))
+        return m.group(1).upper() if m else None
+    if kind == "bool":
+        return _BOOL.get(_clean(a).lower().replace("not entailment", "not_entailment"))
+    if kind == "text":
+        return _text_norm(a) or None
+    if kind == "code":
+        return "\n".join(line.rstrip() for line in a.strip().splitlines()) or None
+    if kind == "number":
+        x = _to_fraction(a)
+        if x is not None:
+            return _canon_number(x)
+    s = strip_math(a)
+    if not s:
+        return None
+    return _canon_math(s)
+
+
+def strip_math(s):
+    """MATH-style string normalisation (after Hendrycks et al.'s `strip_string`, extended)."""
+    s = str(s).strip()
+    s = re.sub(r"\\text\{\s*\}", "", s)
+    s = s.replace("\n", "").replace("\\!", "").replace("\\displaystyle", "")
+    s = re.sub(r"\\[,;: ]|~", " ", s.replace("\\\\", "\0r")).replace("\0r", "\\\\")  # "\\\\" is a row break
+    s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\(?:d|t)frac", r"\\frac", s)
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = re.sub(r"\^\s*\{?\\circ\}?|°|\\degree", "", s)
+    s = s.replace("\\%", "").replace("%", "")
+    # Units: "\text{ cm}" after the value (the leading space marks a unit, not a word answer).
+    s = re.split(r"\\(?:text|mbox|mathrm)\{\s+", s)[0] if re.search(r"\S\s*\\(?:text|mbox|mathrm)\{\s", s) else s
+    s = re.sub(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}", r"\1", s)
+    s = s.replace("{,}", "")
+    s = s.strip().rstrip(".").strip()
+    m = re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*([^=]+)", s)  # "x = 5" -> "5"
+    if m:
+        s = m.group(1)
+    m = re.fullmatch(r"(-?[\d.,/]+)\s*([a-zA-Z][a-zA-Z\s.]*)", s)  # "5 cm", "12 dollars"
+    if m and len(m.group(2).replace(" ", "")) >= 2 and m.group(2).strip() not in _NAMES:
+        s = m.group(1)
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
+    s = re.sub(r"(?<![\d\w])\.(\d)", r"0.\1", s)
+    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\0", s)  # keep "\cot x" apart
+    return s.replace(" ", "").replace("\0", " ")
+
+
+def _text_norm(s):
+    s = str(s).lower()
+    s = "".join(ch for ch in s if ch not in string.punctuation)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _canon_number(x: Fraction):
+    if x.denominator == 1:
+        return str(x.numerator)
+    return f"{float(x):.10g}"
+
+
+def _to_fraction(s):
+    """Exact value of a plain number: '1,000', '$5.00', '-3/4', '12 dollars', '50%' -> Fraction."""
+    s = str(s).strip().replace("$", "").replace("\\$", "").replace("\\%", "").replace("%", "")
+    s = re.sub(r"\\(?:d|t)?frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
+    s = re.sub(r"\s*[a-zA-Z][a-zA-Z .]*$", "", s).strip().rstrip(".")
+    if not re.fullmatch(rf"(?:{_NUM})(?:/\d+)?", s):
+        return None
+    s = s.replace(",", "")
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _canon_math(s):
+    x = _to_fraction(s)
+    if x is not None:
+        return _canon_number(x)
+    parts = _split_tuple(s)
+    if parts:
+        left, items, right = parts
+        return left + ",".join(_canon_math(p) for p in items) + right
+    expr = _parse(s)
+    if expr is None:
+        return s
+    return _timed(lambda: _canon_expr(expr), SYMPY_SECONDS) or s
+
+
+def _canon_expr(expr):
+    import sympy
+    if not expr.free_symbols:
+        if expr.is_Rational:
+            return _canon_number(Fraction(int(expr.p), int(expr.q)))
+        v = complex(sympy.N(expr, 15))
+        if abs(v.imag) < 1e-12:  # any real constant: its value, so all its spellings group together
+            return str(int(v.real)) if v.real == int(v.real) else f"{v.real:.10g}"
+    return str(sympy.simplify(expr))
+
+
+# ---------------------------------------------------------------------------------- the one check
+
+def is_correct(predicted, gold, kind):
+    """True when `predicted` (an extracted answer) is equivalent to `gold` for this kind."""
+    _check_kind(kind)
+    if predicted is None or gold is None:
+        return False
+    p, g = normalize_answer(predicted, kind), normalize_answer(gold, kind)
+    if p is None or g is None:
+        return False
+    if p == g:
+        return True
+    if kind in ("choice", "bool", "text", "code"):
+        return False
+    return _math_equal(strip_math(predicted), strip_math(gold))
+
+
+def _math_equal(a, b):
+    xa, xb = _to_fraction(a), _to_fraction(b)
+    if xa is not None and xb is not None:
+        return math.isclose(float(xa), float(xb), rel_tol=REL_TOL, abs_tol=1e-12)
+    pa, pb = _split_tuple(a), _split_tuple(b)
+    if pa or pb:
+        return bool(pa and pb and pa[0] == pb[0] and pa[2] == pb[2] and len(pa[1]) == len(pb[1])
+                    and all(_math_equal(x, y) for x, y in zip(pa[1], pb[1])))
+    if a.count("=") == 1 and b.count("=") == 1:  # equations: same sides
+        return all(_math_equal(x, y) for x, y in zip(a.split("="), b.split("=")))
+    ea, eb = _parse(a), _parse(b)
+    if ea is None or eb is None:
+        return False
+    return bool(_timed(lambda: _sympy_equal(ea, eb), SYMPY_SECONDS))
+
+
+def _sympy_equal(ea, eb):
+    import random
+    import sympy
+    d = ea - eb
+    syms = sorted(d.free_symbols, key=str)
+    if not syms:
+        va, vb = complex(sympy.N(ea, 20)), complex(sympy.N(eb, 20))
+        return abs(va - vb) <= REL_TOL * max(1.0, abs(vb))
+    if sympy.simplify(d) == 0:
+        return True
+    rng = random.Random(0)  # numeric spot checks catch what simplify misses
+    for _ in range(3):
+        point = {s: rng.uniform(0.5, 2.5) for s in syms}
+        va, vb = complex(ea.evalf(15, subs=point)), complex(eb.evalf(15, subs=point))
+        if not abs(va - vb) <= 1e-8 * max(1.0, abs(vb)):
+            return False
+    return True
+
+
+def _split_tuple(s):
+    """'(1,2]' -> ('(', ['1', '2'], ']'); plain top-level comma lists get empty brackets."""
+    left, right, inner = "", "", s
+    if len(s) >= 2 and s[0] in "([{" and s[-1] in ")]}" and _balanced(s[1:-1]):
+        left, right, inner = s[0], s[-1], s[1:-1]
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return (left, parts, right) if len(parts) > 1 else None
+
+
+def _balanced(s):
+    depth = 0
+    for ch in s:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+# --------------------------------------------------------------------------- LaTeX -> sympy, safely
+
+_FUNCS = {"sqrt", "log", "sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "exp", "pi", "oo"}
+_GREEK = {"alpha", "beta", "gamma", "delta", "theta", "lambda", "mu", "phi", "omega", "sigma", "tau"}
+_NAMES = _FUNCS | _GREEK
+_COMMANDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "ln": "log", "log": "log",
+             "arcsin": "asin", "arccos": "acos", "arctan": "atan",
+             **{f: f for f in ("sin", "cos", "tan", "cot", "sec", "csc", "exp")}, **{g: g for g in _GREEK}}
+
+
+def _parse(s):
+    """Sympy expression for a normalised answer, or None (unknown LaTeX, unsafe or too big)."""
+    try:
+        text = _tex_to_text(s)
+    except ValueError:
+        return None
+    if not re.fullmatch(r"[0-9a-zA-Z+\-*/().\s]*", text) or not text.strip() or len(text) > 300:
+        return None
+    # Two-letter names are products ("xy" -> "x*y"); longer unknown words are not math.
+    words = re.findall(r"[A-Za-z]+", text)
+    if any(len(w) > 2 and w not in _NAMES for w in words):
+        return None
+    text = re.sub(r"[A-Za-z]+", lambda m: m.group(0) if m.group(0) in _NAMES else "*".join(m.group(0)), text)
+    if (re.search(r"\d{40}", text) or re.search(r"\*\*[^+\-*/]*\*\*", text)  # no towers of powers
+            or any(_too_big(e) for e in re.findall(r"\*\*\s*\(?([\d.]+)", text))):
+        return None
+    _import_sympy()
+    return _timed(lambda: _parse_expr(text), SYMPY_SECONDS)
+
+
+def _import_sympy():
+    """Import sympy outside any time limit: an import interrupted by the alarm leaves sympy
+    half-initialised for the rest of the process."""
+    import sympy  # noqa: F401
+    import sympy.parsing.sympy_parser  # noqa: F401
+
+
+def _too_big(exponent):
+    try:
+        return float(exponent) > 1000
+    except ValueError:
+        return True
+
+
+def _parse_expr(text):
+    import sympy
+    from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application,
+                                            parse_expr, rationalize, standard_transformations)
+    names = {c: sympy.Symbol(c) for c in string.ascii_letters}
+    names.update({g: sympy.Symbol(g) for g in _GREEK})
+    names.update({f: getattr(sympy, f) for f in _FUNCS})
+    tr = standard_transformations + (implicit_multiplication_application, convert_xor, rationalize)
+    try:
+        return parse_expr(text, local_dict=names, global_dict={"__builtins__": {}, **_sympy_atoms()},
+                          transformations=tr)
+    except Exception:  # anything unparsable is simply not an expression
+        return None
+
+
+def _sympy_atoms():
+    import sympy
+    return {"Integer": sympy.Integer, "Float": sympy.Float, "Rational": sympy.Rational,
+            "Symbol": sympy.Symbol, "Function": sympy.Function}
+
+
+def _tex_to_text(s):
+    out, i = [], 0
+    while i < len(s):
+        c = s[i]
+        if s.startswith("\\frac", i):
+            a, i = _arg(s, i + 5)
+            b, i = _arg(s, i)
+            out.append(f"(({_tex_to_text(a)})/({_tex_to_text(b)}))")
+        elif s.startswith("\\sqrt", i):
+            i += 5
+            if i < len(s) and s[i] == "[":
+                j = s.index("]", i)
+                root = _tex_to_text(s[i + 1:j])
+                a, i = _arg(s, j + 1)
+                out.append(f"(({_tex_to_text(a)})**(1/({root})))")
+            else:
+                a, i = _arg(s, i)
+                out.append(f"sqrt({_tex_to_text(a)})")
+        elif c == "\\":
+            m = re.match(r"\\([a-zA-Z]+)", s[i:])
+            if not m or m.group(1) not in _COMMANDS:
+                raise ValueError(f"unsupported LaTeX at {s[i:i + 12]!r}")
+            out.append(f" {_COMMANDS[m.group(1)]} ")
+            i += m.end()
+        elif c == "^":
+            a, i = _arg(s, i + 1)
+            out.append(f"**({_tex_to_text(a)})")
+        elif c == "{":
+            a, i = _arg(s, i)
+            out.append(f"({_tex_to_text(a)})")
+        elif c == "}":
+            raise ValueError("unbalanced braces")
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _arg(s, i):
+    """One macro argument starting at s[i]: a {group}, a \\command, or one character."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        raise ValueError("missing argument")
+    if s[i] == "{":
+        depth = 0
+        for k in range(i, len(s)):
+            depth += {"{": 1, "}": -1}.get(s[k], 0)
+            if depth == 0:
+                return s[i + 1:k], k + 1
+        raise ValueError("unbalanced braces")
+    if s[i] == "\\":
+        m = re.match(r"\\[a-zA-Z]+", s[i:])
+        if m:
+            return m.group(0), i + m.end()
+    return s[i], i + 1
+
+
+# -------------------------------------------------------------------------------------- utilities
+
+class _Timeout(Exception):
+    pass
+
+
+def _timed(fn, seconds):
+    """fn() or None if it takes longer than `seconds`. SIGALRM interrupts it on the main thread;
+    elsewhere it runs on a daemon thread that is abandoned on timeout."""
+    use_signal = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+                  and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if use_signal:
+        def alarm(*_):
+            raise _Timeout
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return fn()
+        except _Timeout:
+            return None
+        except Exception:
+            return None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    box = []
+
+    def run():
+        try:
+            box.append(fn())
+        except Exception:
+            box.append(None)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    return box[0] if box else None
+
+
+def _check_kind(kind):
+    if kind not in KINDS:
+        raise ValueError(f"answer kind must be one of {KINDS}, got {kind!r}")

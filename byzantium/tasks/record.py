@@ -1,0 +1,47 @@
+"""The task record every protocol and metric works with."""
+
+from dataclasses import dataclass, field
+
+from .answers import KINDS, LETTERS, extract_answer, is_correct
+
+
+@dataclass
+class Task:
+    """One problem. `gold` is the canonical gold answer: a letter for "choice", "yes"/"no" for
+    "bool", the final answer string otherwise. `question` never contains the options; `prompt()`
+    renders them as lettered lines the way BBH does."""
+    id: str
+    question: str
+    choices: list | None
+    gold: str
+    kind: str
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"task {self.id}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "choice":
+            if not self.choices or len(self.choices) > len(LETTERS):
+                raise ValueError(f"task {self.id}: a choice task needs 1..{len(LETTERS)} choices")
+            if self.gold not in self.letters:
+                raise ValueError(f"task {self.id}: gold {self.gold!r} is not one of {self.letters}")
+        if self.gold is None or str(self.gold).strip() == "":
+            raise ValueError(f"task {self.id}: no gold answer")
+
+    @property
+    def letters(self) -> str:
+        return LETTERS[:len(self.choices)] if self.choices else ""
+
+    def prompt(self) -> str:
+        """Question plus lettered options (for choice tasks)."""
+        if not self.choices:
+            return self.question
+        opts = "\n".join(f"({l}) {c}" for l, c in zip(self.letters, self.choices))
+        return f"{self.question}\nOptions:\n{opts}"
+
+    def extract(self, text):
+        return extract_answer(text, self.kind, self.choices)
+
+    def check(self, text) -> bool:
+        """Is this model output's stated answer correct? (extract, then the one `is_correct`)."""
+        return is_correct(self.extract(text), self.gold, self.kind)
