@@ -1,0 +1,194 @@
+"""Microbenchmarks of the attention kernels over the paged KV cache.
+
+- decode: achieved GB/s (K/V bytes read / time) against a measured device-to-device copy, the
+  practical bandwidth bound (decode attention reads every cached K/V byte once and does little math);
+- append prefill: achieved TFLOP/s against torch SDPA on the same shapes (dense, unpaged K/V, bottom-right
+  causal mask), the ceiling a paged kernel is chasing.
+
+    PYTHONPATH=. python bench/kernel_bench.py            # CUDA, bf16: prints markdown tables
+    PYTHONPATH=. python bench/kernel_bench.py --smoke    # tiny shapes on CPU: checks this script runs
+
+Qwen3-0.6B's attention shape by default: 16 query heads, 8 KV heads, head_dim 128, block size 16.
+"""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from byzantium.kernels import attention_ops
+
+# (batch, context) for decode; (batch, cached prefix, new tokens) for append prefill.
+DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 8192), (64, 2048), (256, 1024), (256, 4096)]
+PREFILL_SHAPES = [(1, 0, 4096), (8, 0, 1024), (4, 2048, 1024), (32, 1024, 128), (64, 1536, 64)]
+SMOKE_DECODE = [(1, 100), (3, 40)]
+SMOKE_PREFILL = [(1, 0, 33), (2, 20, 7)]
+
+
+def bench(fn, device, warmup=5, rep=20):
+    """Median seconds of fn(); CUDA events on GPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(rep):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(rep):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth(device, nbytes=2**30):
+    """GB/s of a device-to-device copy (bytes read + bytes written)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = bench(lambda: dst.copy_(src), device)
+    return 2 * nbytes / seconds / 1e9
+
+
+def paged_cache(batch, context, num_kv_heads, head_dim, block_size, dtype, device, gen):
+    """Random K/V for `batch` sequences of `context` tokens, their blocks scattered by a permutation."""
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = batch * blocks_per_seq + 1
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    v_cache = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    perm = torch.randperm(num_blocks - 1, generator=gen, device=device) + 1
+    block_tables = perm[:batch * blocks_per_seq].view(batch, blocks_per_seq).to(torch.int32)
+    return k_cache, v_cache, block_tables
+
+
+def decode_rows(backends, shapes, dtype, device, num_heads=16, num_kv_heads=8, head_dim=128, block_size=16,
+                copy_gbps=None):
+    gen = torch.Generator(device).manual_seed(0)
+    rows = []
+    for batch, context in shapes:
+        k_cache, v_cache, block_tables = paged_cache(batch, context, num_kv_heads, head_dim, block_size,
+                                                     dtype, device, gen)
+        q = torch.randn(batch, num_heads, head_dim, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        kv_bytes = 2 * batch * context * num_kv_heads * head_dim * k_cache.element_size()
+        row = {"batch": batch, "context": context, "KV MB": kv_bytes / 1e6}
+        for name, ops in backends.items():
+            try:
+                s = bench(lambda: ops.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables,
+                                                             head_dim ** -0.5), device)
+                row[f"{name} us"] = s * 1e6
+                row[f"{name} GB/s"] = kv_bytes / s / 1e9
+                if copy_gbps:
+                    row[f"{name} % of copy"] = 100 * kv_bytes / s / 1e9 / copy_gbps
+            except RuntimeError as e:  # e.g. out of memory (a CUDA OOM is a RuntimeError)
+                row[f"{name} us"] = f"failed: {type(e).__name__}"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def prefill_flops(batch, prefix, new, num_heads, head_dim):
+    """Causal QK^T and PV flops: new token j attends to prefix + j + 1 keys."""
+    keys = batch * (new * prefix + new * (new + 1) / 2)
+    return 4 * keys * num_heads * head_dim
+
+
+def prefill_rows(backends, shapes, dtype, device, num_heads=16, num_kv_heads=8, head_dim=128, block_size=16):
+    gen = torch.Generator(device).manual_seed(1)
+    rows = []
+    scale = head_dim ** -0.5
+    for batch, prefix, new in shapes:
+        total = prefix + new
+        k_cache, v_cache, block_tables = paged_cache(batch, total, num_kv_heads, head_dim, block_size,
+                                                     dtype, device, gen)
+        q = torch.randn(batch * new, num_heads, head_dim, generator=gen, device=device,
+                        dtype=torch.float32).to(dtype)
+        cu_seqlens_q = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=device)
+        seq_lens = torch.full((batch,), total, dtype=torch.int32, device=device)
+        flops = prefill_flops(batch, prefix, new, num_heads, head_dim)
+        row = {"batch": batch, "prefix": prefix, "new": new, "GFLOP": flops / 1e9}
+
+        # SDPA on the same data, unpaged and with K/V repeated per query head (not timed): the dense
+        # attention a paged kernel is measured against. Bottom-right causal = new token j sees prefix + j.
+        group = num_heads // num_kv_heads
+        k = k_cache[block_tables.long()].flatten(1, 2)[:, :total].repeat_interleave(group, 2).transpose(1, 2)
+        v = v_cache[block_tables.long()].flatten(1, 2)[:, :total].repeat_interleave(group, 2).transpose(1, 2)
+        qd = q.view(batch, new, num_heads, head_dim).transpose(1, 2)
+        if prefix == 0:
+            sdpa = lambda: F.scaled_dot_product_attention(qd, k, v, is_causal=True, scale=scale)  # noqa: E731
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(new, total)
+            sdpa = lambda: F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, scale=scale)  # noqa: E731
+        s = bench(sdpa, device)
+        row["sdpa ms"], row["sdpa TFLOP/s"] = s * 1e3, flops / s / 1e12
+        for name, ops in backends.items():
+            try:
+                s = bench(lambda: ops.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens,
+                                                               block_tables, scale), device)
+                row[f"{name} ms"], row[f"{name} TFLOP/s"] = s * 1e3, flops / s / 1e12
+                row[f"{name} / sdpa"] = row["sdpa ms"] / row[f"{name} ms"]
+            except RuntimeError as e:
+                row[f"{name} ms"] = f"failed: {type(e).__name__}"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def markdown(rows, title=None):
+    """A markdown table of dict rows (union of their keys, in first-seen order)."""
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+
+    def fmt(x):
+        if isinstance(x, float):
+            return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+        return "" if x is None else str(x)
+
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run(device, dtype, smoke=False, backends=("triton",)):
+    """(markdown sections for the decode and prefill benchmarks, copy GB/s)."""
+    device = torch.device(device)
+    ops = {name: attention_ops(name, device) for name in backends}
+    sections = []
+    copy_gbps = copy_bandwidth(device, 2**24 if smoke else 2**30)
+    sections.append(f"Device-to-device copy: {copy_gbps:.0f} GB/s (read + write)\n")
+    decode = decode_rows(ops, SMOKE_DECODE if smoke else DECODE_SHAPES, dtype, device, copy_gbps=copy_gbps)
+    sections.append(markdown(decode, f"Paged decode attention ({dtype_name(dtype)}, Hq 16, Hkv 8, D 128, block 16)"))
+    prefill = prefill_rows(ops, SMOKE_PREFILL if smoke else PREFILL_SHAPES, dtype, device)
+    sections.append(markdown(prefill, f"Append prefill attention ({dtype_name(dtype)}, causal, vs SDPA on the same shapes)"))
+    return sections, copy_gbps
+
+
+def dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU with the torch reference")
+    parser.add_argument("--backends", default=None, help="comma-separated: triton,torch,flash_attn")
+    args = parser.parse_args()
+    if args.smoke:
+        sections, _ = run("cpu", torch.float32, smoke=True, backends=(args.backends or "torch").split(","))
+    else:
+        sections, _ = run("cuda", torch.bfloat16, backends=(args.backends or "triton,torch").split(","))
+    print("\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()
