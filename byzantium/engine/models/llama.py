@@ -30,11 +30,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # Half precision: normalise in fp32 as transformers does, then scale in the input dtype.
-        normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
-        return self.weight * normed.to(x.dtype)
+        # transformers' formula op for op (normalise in fp32, scale in the input dtype); on CPU it is
+        # also faster than F.rms_norm for the small rows of decode steps.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 def rope_tables(config, head_dim, max_positions):
