@@ -64,7 +64,7 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
         k = flat_k.index_select(0, slots).transpose(0, 1)  # [Hkv, L, D]
         v = flat_v.index_select(0, slots).transpose(0, 1)
         o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
-                                           enable_gqa=True)
+                                           is_causal=mask is None, enable_gqa=True)
         out[start:end] = o.transpose(0, 1)
     return out
 
@@ -79,8 +79,11 @@ def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size):
             continue
         slots, _ = _token_slots(block_tables[b:b + 1], seq_lens[b:b + 1], block_size)
         # Bottom-right aligned causal mask: new token j sees keys up to position total - q_len + j.
-        query_pos = torch.arange(total - (end - start), total, device=slots.device)
-        mask = torch.arange(total, device=slots.device)[None, :] <= query_pos[:, None]
+        # With no cached prefix that is SDPA's own causal mask (mask None), which is faster.
+        mask = None
+        if end - start < total:
+            query_pos = torch.arange(total - (end - start), total, device=slots.device)
+            mask = torch.arange(total, device=slots.device)[None, :] <= query_pos[:, None]
         plan.append((start, end, slots[0], mask))
     return plan
 
@@ -102,4 +105,5 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale):
 
 def _decode_plan(seq_lens, block_tables, block_size):
     slots, valid = _token_slots(block_tables, seq_lens, block_size)
-    return slots.flatten(), valid[:, None, None, :]
+    # Sequences of equal length (a batch decoding in lockstep, or one sequence) need no mask.
+    return slots.flatten(), None if bool(valid.all()) else valid[:, None, None, :]
