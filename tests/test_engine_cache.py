@@ -1,5 +1,4 @@
 """Prefix sharing, sessions with append prefill, and preemption under a small block pool."""
-import pytest
 import torch
 
 from byzantium import Engine, SamplingParams
