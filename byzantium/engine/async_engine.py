@@ -99,9 +99,7 @@ class AsyncEngine:
 
     async def score(self, prompts, candidates):
         prompts = Engine._prompt_list(prompts)
-        per_prompt = candidates if candidates and isinstance(candidates[0], (list, tuple)) else [candidates] * len(prompts)
-        if len(per_prompt) != len(prompts):
-            raise ValueError(f"got {len(per_prompt)} candidate lists for {len(prompts)} prompts")
+        per_prompt = Engine.candidate_lists(prompts, candidates)
         return self.engine.logprobs_of(await self.logits(prompts), per_prompt)
 
     async def open_session(self, prompt):

@@ -334,10 +334,15 @@ class Engine:
 
         candidates: one list for every prompt, or one list per prompt. One batched forward pass."""
         prompts = self._prompt_list(prompts)
+        return self.logprobs_of(self.logits(prompts), self.candidate_lists(prompts, candidates))
+
+    @staticmethod
+    def candidate_lists(prompts, candidates):
+        """One candidate list per prompt: `candidates` is shared, or already one list per prompt."""
         per_prompt = candidates if candidates and isinstance(candidates[0], (list, tuple)) else [candidates] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} candidate lists for {len(prompts)} prompts")
-        return self.logprobs_of(self.logits(prompts), per_prompt)
+        return per_prompt
 
     def logprobs_of(self, logits, per_prompt):
         logprobs = torch.log_softmax(logits, dim=-1)
