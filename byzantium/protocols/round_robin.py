@@ -1,0 +1,146 @@
+"""Token-level round-robin (RR) and RRMaj ("The Consensus Trap").
+
+RR: N agents write ONE answer together. On turn t agent t mod N continues the shared text for exactly
+K tokens (fewer only at end of sequence), reading it under its own prompt (the question, plus the
+injection when corrupted) as its own reply in progress. The trajectory ends when any agent emits
+end-of-sequence or the text reaches L tokens; its answer is parsed from the final text.
+
+Each distinct context (model, prompt) is one LLM session, kept between turns: on an agent's turn its
+session is extended by what the others wrote since it last wrote or read (an append prefill, never
+a re-encoding), then continued for K tokens. Agents with identical contexts (same model, same prompt:
+e.g. all honest agents on one model) read identical tokens, so they share one session. Handoffs are
+token ids between models with the same tokenizer, and text (only the new part tokenized, as plain
+untrusted text) otherwise.
+
+RRMaj: M trajectories (default M = N) run concurrently, each with its own seeds; plurality over their
+answers with MAJ's tie rule. Batching comes from the engine: the M trajectories' turns are in flight
+at once.
+"""
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from ..engine.sampling import SamplingParams
+from ..tasks import extract_answer, is_correct
+from .attacks import injection
+from .rr_prompts import agent_messages
+from .voting import Vote, plurality, stable_seed
+
+
+@dataclass
+class Chunk:
+    agent: int  # who wrote it
+    corrupted: bool
+    tokens: int  # generated tokens (an end-of-sequence token included)
+    text: str
+    token_ids: list = field(default_factory=list)  # in the writer's tokenizer
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    index: int  # which of the M trajectories
+    text: str
+    answer: str | None
+    correct: bool
+    finish_reason: str  # "stop" (an agent ended it) or "length" (L reached)
+    num_tokens: int
+    chunks: list = field(default_factory=list)
+
+    @property
+    def last_agent(self):
+        return self.chunks[-1].agent if self.chunks else None
+
+
+@dataclass
+class RRMajResult:
+    task_id: str
+    answer: str | None
+    correct: bool
+    vote: Vote
+    trajectories: list = field(default_factory=list)
+
+
+class _Context:
+    """One session and where its reader stands: chunks read, and its view of the reply as token ids."""
+
+    def __init__(self, llm, session):
+        self.llm, self.session = llm, session
+        self.seen = 0  # chunks of the shared text already in the session
+        self.reply = []  # the session's token ids after the prompt
+
+
+def _chunk_text(llm, before, new, fallback):
+    # Decoding a chunk alone can drop a leading space (SentencePiece) or split a character: take the
+    # difference of the decoded reply with and without it instead.
+    if llm.tokenizer is None:
+        return fallback
+    head, full = llm.decode(before), llm.decode(before + new)
+    return full[len(head):] if full.startswith(head) else llm.decode(new)
+
+
+async def round_robin(task, agents, k=100, max_len=512, attack="strong", temperature=0.0, seed=0,
+                      index=0, attack_seed=0) -> Trajectory:
+    """One RR trajectory on one question; `index` (with `seed`) picks its sampling seeds."""
+    if k < 1 or max_len < 1:
+        raise ValueError(f"need k >= 1 and max_len >= 1, got k={k}, max_len={max_len}")
+    inject = injection(task, attack, attack_seed) if any(a.corrupted for a in agents) else None
+    contexts, of_agent = {}, []
+    try:
+        for agent in agents:
+            messages = agent_messages(task, inject if agent.corrupted else None)
+            key = (id(agent.llm), json.dumps(messages))
+            if key not in contexts:
+                contexts[key] = _Context(agent.llm, await agent.llm.open_session(messages))
+            of_agent.append(contexts[key])
+        chunks, writers, same = [], [], {}  # writers[j]: the context that wrote chunk j
+        total, finish, turn = 0, "length", 0
+        while total < max_len:
+            i = turn % len(agents)
+            ctx = of_agent[i]
+            new = []
+            for chunk, writer in zip(chunks[ctx.seen:], writers[ctx.seen:]):
+                pair = (id(ctx.llm), id(writer.llm))
+                if pair not in same:
+                    same[pair] = ctx.llm is writer.llm or ctx.llm.same_tokenizer(writer.llm)
+                new += chunk.token_ids if same[pair] else ctx.llm.encode_plain(chunk.text)
+            if new:
+                await ctx.llm.extend(ctx.session, new)
+                ctx.reply += new
+            want = min(k, max_len - total)
+            params = SamplingParams(max_tokens=want, temperature=temperature,
+                                    seed=stable_seed("rr", seed, task.id, index, turn))
+            out = await ctx.llm.continue_(ctx.session, params)
+            text = _chunk_text(ctx.llm, ctx.reply, out.token_ids, out.text)
+            ctx.reply += out.token_ids
+            chunks.append(Chunk(i, agents[i].corrupted, len(out.token_ids), text, list(out.token_ids)))
+            writers.append(ctx)
+            ctx.seen = len(chunks)
+            total += len(out.token_ids)
+            if out.finish_reason != "length" or len(out.token_ids) < want:
+                finish = "stop"  # end of sequence (or the model's context is full)
+                break
+            turn += 1
+    finally:
+        for ctx in contexts.values():
+            await ctx.llm.close_session(ctx.session)
+    text = "".join(c.text for c in chunks)
+    answer = extract_answer(text, task.kind, task.choices)
+    return Trajectory(task.id, index, text, answer, is_correct(answer, task.gold, task.kind), finish, total,
+                      chunks)
+
+
+async def rr_majority(task, agents, m=None, k=100, max_len=512, attack="strong", temperature=0.0, seed=0,
+                      attack_seed=0) -> RRMajResult:
+    """RRMaj: M (default N) concurrent RR trajectories, plurality over their answers."""
+    m = len(agents) if m is None else m
+    if m < 1:
+        raise ValueError(f"need m >= 1 trajectories, got {m}")
+    trajectories = await asyncio.gather(*(
+        round_robin(task, agents, k, max_len, attack, temperature, seed, j, attack_seed) for j in range(m)))
+    vote = plurality([t.answer for t in trajectories], task.kind, f"{seed}:{task.id}")
+    return RRMajResult(task.id, vote.answer, is_correct(vote.answer, task.gold, task.kind), vote,
+                       list(trajectories))
+
+
+__all__ = ["Chunk", "Trajectory", "RRMajResult", "round_robin", "rr_majority"]
