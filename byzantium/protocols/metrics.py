@@ -1,0 +1,92 @@
+"""The paper's metrics, from transcript records of SAC or CP-WBFT (rounds[t]["agents"][i]["answer"]).
+
+Per instance:
+    IAA   initial agent accuracy: share of ALL agents (adversary included, as the reference does) right
+          at round 0
+    FAA   final agent accuracy: the same at the last round
+    BFTI  FAA - IAA
+    RA    the plurality answer of all agents at the last round is right
+    H-Majority  the plurality answer of the honest agents at the last round is right
+    acc[group][t]  accuracy of "strong", "weak", "honest" agents at round t
+Every comparison and every vote goes through the tasks' `normalize_answer` / `is_correct` (the
+reference's RA used strict string equality while the others normalised). Plurality ties go to the
+answer seen first in agent order. `summarize` averages over instances and counts parse failures.
+"""
+from ..tasks import is_correct, normalize_answer
+
+GROUPS = ("strong", "weak", "honest", "all")
+
+
+def _members(record, group):
+    roles = {a["id"]: a["role"] for a in record["agents"]}
+    if group == "all":
+        return list(roles)
+    if group == "honest":
+        return [i for i, r in roles.items() if r != "adversary"]
+    return [i for i, r in roles.items() if r == group]
+
+
+def _answers(record, t, ids):
+    by_id = {a["id"]: a["answer"] for a in record["rounds"][t]["agents"]}
+    return [by_id[i] for i in ids]
+
+
+def accuracy(record, t, group="all"):
+    """Share of `group` right at round t (None for an empty group)."""
+    ids = _members(record, group)
+    if not ids:
+        return None
+    return sum(is_correct(a, record["gold"], record["kind"]) for a in _answers(record, t, ids)) / len(ids)
+
+
+def plurality(answers, kind):
+    """The most common answer after normalisation (ties: first seen); None when nobody answered."""
+    counts, first = {}, {}
+    for a in answers:
+        if a is None:
+            continue
+        key = normalize_answer(a, kind) or str(a)
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, a)
+    if not counts:
+        return None
+    return first[max(counts, key=counts.get)]  # max keeps the first of equal counts (insertion order)
+
+
+def instance_metrics(record) -> dict:
+    last = len(record["rounds"]) - 1
+    gold, kind = record["gold"], record["kind"]
+    iaa, faa = accuracy(record, 0), accuracy(record, last)
+    honest = _members(record, "honest")
+    out = {"IAA": iaa, "FAA": faa, "BFTI": faa - iaa,
+           "RA": float(is_correct(plurality(_answers(record, last, _members(record, "all")), kind), gold, kind)),
+           "H-Majority": float(is_correct(plurality(_answers(record, last, honest), kind), gold, kind)),
+           "acc": {g: [accuracy(record, t, g) for t in range(last + 1)] for g in GROUPS},
+           "answer_parse_failures": sum(a.get("answer") is None for r in record["rounds"] for a in r["agents"]),
+           "score_failures": sum(a.get("score_failures", 0) for r in record["rounds"] for a in r["agents"])}
+    if record.get("protocol") == "cpwbft":
+        out["decision_correct"] = float(is_correct(record.get("decision"), gold, kind))
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(records) -> dict:
+    """Means over instances of every metric; per-group accuracy per round (rounds padded with the last
+    round for instances that stopped early, as CP-WBFT does); failure counts summed."""
+    ms = [instance_metrics(r) for r in records]
+    if not ms:
+        return {"instances": 0}
+    out = {"instances": len(ms)}
+    for key in ("IAA", "FAA", "BFTI", "RA", "H-Majority", "decision_correct"):
+        if any(key in m for m in ms):
+            out[key] = _mean([m.get(key) for m in ms])
+    rounds = max(len(m["acc"]["all"]) for m in ms)
+    out["acc"] = {g: [_mean([m["acc"][g][min(t, len(m["acc"][g]) - 1)] for m in ms]) for t in range(rounds)]
+                  for g in GROUPS}
+    for key in ("answer_parse_failures", "score_failures"):
+        out[key] = sum(m[key] for m in ms)
+    return out

@@ -1,0 +1,177 @@
+"""Self-Anchored Consensus (SAC), Algorithm 1 of "Robust Multi-Agent LLMs under Byzantine Faults".
+
+    round 0:   every honest agent i answers x_i and scores it with its own model: phi_i
+    round t:   i scores every neighbour's current answer with its OWN model: s_ij   (receiver-side)
+               L_i = {j : s_ij < phi_i}                                  (strictly below)
+               D_i = the min(F, |L_i|) lowest-scored of L_i              (stable: ties keep neighbour order)
+               K_i = N_i \\ D_i                                           (every neighbour not dropped)
+               x_i <- refine(x_i, {(x_j, s_ij) : j in K_i})             (highest score first, 2 decimals)
+               phi_i <- score_i(x_i)
+    K_i is "the kept neighbours": neighbours scored at or above phi_i are kept too (the filter only
+    removes; it never requires a neighbour to beat the agent). Empty K_i, or a refinement whose answer
+    cannot be parsed: x_i stays, with no call. phi_i is the self-score of the agent's current answer,
+    computed with its own model when that answer was produced, so an unchanged answer is not re-scored.
+
+Only final answer strings travel between agents. Adversaries do not run the protocol; they send
+`Adversary.message(receiver, t)`. All scoring calls of a phase are issued at once (asyncio.gather), so
+the engine batches them together with those of every other instance in flight.
+"""
+import asyncio
+import math
+import re
+
+from ..engine.sampling import SamplingParams
+from . import prompts
+
+SCORE_MODES = ("generate", "logprob")
+LOGPROB_KINDS = ("yes", "digit")
+SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
+JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
+
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)  # an unclosed block is all working, no verdict
+_SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?[0-9]+(?:\.[0-9]+)?)", re.I)
+
+
+def parse_score(text):
+    """(score, parsed): the number after the LAST `Score:` marker, clipped to [0, 1]; (0.5, False) when
+    there is none. No fallback to other numbers: a judge cut off mid-working would otherwise be scored
+    by a number from its working (the reference's "12" -> 1.0)."""
+    hits = _SCORE.findall(_THINK.sub("", text or ""))
+    if not hits:
+        return 0.5, False
+    return min(1.0, max(0.0, float(hits[-1]))), True
+
+
+def filter_neighbours(self_score, scores, F):
+    """scores: [(neighbour, s)] in neighbour order. Returns (below, dropped, kept) as neighbour lists;
+    kept is in neighbour order (the refine prompt sorts it by score)."""
+    below = [(j, s) for j, s in scores if s < self_score]
+    lowest = sorted(below, key=lambda js: js[1])  # sorted() is stable: ties keep neighbour order
+    dropped = [j for j, _ in lowest[:min(F, len(below))]]
+    kept = [j for j, _ in scores if j not in dropped]
+    return [j for j, _ in below], dropped, kept
+
+
+class Scorer:
+    """score(llm, task, answer) -> {"score", "parsed", "text"} with the agent's own model."""
+
+    def __init__(self, mode="generate", params=None, logprob_kind="yes"):
+        if mode not in SCORE_MODES:
+            raise ValueError(f"score mode must be one of {SCORE_MODES}, got {mode!r}")
+        if logprob_kind not in LOGPROB_KINDS:
+            raise ValueError(f"logprob kind must be one of {LOGPROB_KINDS}, got {logprob_kind!r}")
+        self.mode, self.params, self.logprob_kind = mode, params or JUDGE_PARAMS, logprob_kind
+
+    async def __call__(self, llm, task, answer):
+        if self.mode == "generate":
+            out = await llm.chat(prompts.judge(task, answer), self.params)
+            score, parsed = parse_score(out.text)
+            return {"score": score, "parsed": parsed, "text": out.text}
+        if self.logprob_kind == "yes":
+            lp = await llm.score(prompts.judge_yes_no(task, answer), ["Yes", "No"])
+            yes, no = math.exp(lp["Yes"]), math.exp(lp["No"])
+            return {"score": yes / (yes + no) if yes + no > 0 else 0.5, "parsed": yes + no > 0, "text": None}
+        digits = [str(d) for d in range(10)]
+        lp = await llm.score(prompts.judge_digit(task, answer), digits)
+        p = [math.exp(lp[d]) for d in digits]
+        total = sum(p)
+        value = sum(d * pd for d, pd in enumerate(p)) / total / 9 if total > 0 else 0.5
+        return {"score": value, "parsed": total > 0, "text": None}
+
+
+async def _safe(coro):
+    """A scoring call that raised counts as score 0.0 (as the reference does), recorded as an error."""
+    try:
+        return await coro
+    except Exception as e:  # noqa: BLE001 - any backend failure is a failed score, not a failed run
+        return {"score": 0.0, "parsed": False, "text": None, "error": f"{type(e).__name__}: {e}"}
+
+
+async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params=None, judge_params=None,
+                  logprob_kind="yes"):
+    """One problem instance. agents[i] sits on node i of `graph`. Returns the transcript record."""
+    if sorted(graph.nodes) != list(range(len(agents))):
+        raise ValueError(f"graph nodes must be 0..{len(agents) - 1}, one per agent")
+    if any(graph.has_edge(i, i) for i in graph.nodes):
+        raise ValueError("graph has a self-loop: an agent is not its own neighbour")
+    solve_params = solve_params or SOLVE_PARAMS
+    scorer = Scorer(score_mode, judge_params, logprob_kind)
+    honest = [a for a in agents if a.honest]
+    nbrs = {a.id: sorted(graph.neighbors(a.id)) for a in agents}
+
+    # Round 0: answer, then self-score.
+    outs = await asyncio.gather(*(a.llm.chat(prompts.solve(task), solve_params) for a in honest))
+    answer = {a.id: a.adversary.answer for a in agents if not a.honest}
+    text = {}
+    for a, out in zip(honest, outs):
+        answer[a.id], text[a.id] = task.extract(out.text), out.text
+    selfs = await asyncio.gather(*(_safe(scorer(a.llm, task, answer[a.id])) for a in honest))
+    phi = {a.id: s["score"] for a, s in zip(honest, selfs)}
+    rounds = [_round0(agents, answer, text, phi, dict(zip([a.id for a in honest], selfs)))]
+
+    for t in range(1, T + 1):
+        # What each agent receives this round: honest agents broadcast, adversaries may equivocate.
+        def msg(j, i):
+            return answer[j] if agents[j].honest else agents[j].adversary.message(i, t)
+        pairs = [(a, j) for a in honest for j in nbrs[a.id]]
+        results = await asyncio.gather(*(_safe(scorer(a.llm, task, msg(j, a.id))) for a, j in pairs))
+        got = {(a.id, j): r for (a, j), r in zip(pairs, results)}
+
+        plans = {}
+        for a in honest:
+            scores = [(j, got[a.id, j]["score"]) for j in nbrs[a.id]]
+            below, dropped, kept = filter_neighbours(phi[a.id], scores, F)
+            plans[a.id] = (scores, below, dropped, kept)
+        refining = [a for a in honest if plans[a.id][3]]  # empty kept set: no call
+        outs = await asyncio.gather(*(a.llm.chat(prompts.refine(
+            task, answer[a.id], [(msg(j, a.id), s) for j, s in plans[a.id][0] if j in plans[a.id][3]], F),
+            solve_params) for a in refining))
+        new_answer, new_text, refined = dict(answer), {}, {}
+        for a, out in zip(refining, outs):
+            parsed = task.extract(out.text)
+            new_text[a.id], refined[a.id] = out.text, parsed is not None
+            if parsed is not None:  # unparsable refinement: keep the current answer
+                new_answer[a.id] = parsed
+
+        changed = [a for a in honest if new_answer[a.id] != answer[a.id]]
+        rescored = await asyncio.gather(*(_safe(scorer(a.llm, task, new_answer[a.id])) for a in changed))
+        for a, s in zip(changed, rescored):
+            phi[a.id] = s["score"]
+        rescored = dict(zip([a.id for a in changed], rescored))
+
+        records = []
+        for a in agents:
+            if not a.honest:
+                records.append({"id": a.id, "role": a.role, "answer": answer[a.id],
+                                "sent": {i: msg(a.id, i) for i in nbrs[a.id]}})
+                continue
+            scores, below, dropped, kept = plans[a.id]
+            r = {"id": a.id, "role": a.role, "answer": new_answer[a.id], "previous": answer[a.id],
+                 "threshold": rounds[-1]["agents"][a.id]["self_score"], "self_score": phi[a.id],
+                 "scores": dict(scores), "below": below, "dropped": dropped, "kept": kept,
+                 "refine_called": a.id in new_text, "refine_parsed": refined.get(a.id),
+                 "text": new_text.get(a.id),
+                 "score_failures": sum(not got[a.id, j]["parsed"] for j in nbrs[a.id])
+                 + (a.id in rescored and not rescored[a.id]["parsed"]),
+                 "score_errors": [got[a.id, j]["error"] for j in nbrs[a.id] if "error" in got[a.id, j]]}
+            records.append(r)
+        answer = new_answer
+        rounds.append({"round": t, "agents": records})
+
+    return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.gold, "F": F, "T": T,
+            "score_mode": score_mode, "edges": sorted(map(list, graph.edges)),
+            "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],
+            "rounds": rounds}
+
+
+def _round0(agents, answer, text, phi, selfs):
+    records = []
+    for a in agents:
+        if not a.honest:
+            records.append({"id": a.id, "role": a.role, "answer": answer[a.id]})
+            continue
+        s = selfs[a.id]
+        records.append({"id": a.id, "role": a.role, "answer": answer[a.id], "self_score": phi[a.id],
+                        "text": text[a.id], "answer_parsed": answer[a.id] is not None,
+                        "score_failures": int(not s["parsed"]), "score_errors": [s["error"]] if "error" in s else []})
+    return {"round": 0, "agents": records}

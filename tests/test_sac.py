@@ -1,0 +1,294 @@
+"""SAC: the filter, score parsing, prompts, the round structure on a scripted LLM, and end to end on the
+embedded model."""
+import asyncio
+import math
+import time
+from types import SimpleNamespace
+
+import networkx as nx
+import pytest
+
+from byzantium.protocols import prompts
+from byzantium.protocols.byzantine import Adversary, Agent, make_agents, stable_seed, wrong_answers
+from byzantium.protocols.graphs import complete
+from byzantium.protocols.metrics import instance_metrics, plurality, summarize
+from byzantium.protocols.sac import filter_neighbours, parse_score, run_sac
+from byzantium.tasks import Task, get_task, is_correct
+
+TASK = Task("t1", "Compute 6 * 7.", None, "42", "number")
+
+
+def text_of(messages):
+    return "\n".join(m["content"] for m in messages)
+
+
+class ScriptedLLM:
+    """Deterministic answers and scores. answers: list of answers per call to solve/refine (the last one
+    repeats); scores: {answer: score} for judge prompts (generate mode writes `Score: x`).
+    Records every call and the largest number of calls in flight at once."""
+
+    def __init__(self, name, answers, scores, refine=None):
+        self.name, self.answers, self.scores, self.refine_text = name, list(answers), scores, refine
+        self.calls, self.in_flight, self.max_in_flight = [], 0, 0
+
+    async def _enter(self, kind, messages):
+        self.calls.append((kind, messages))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        await asyncio.sleep(0)  # let every other coroutine of the gather start first
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+
+    async def chat(self, messages, params=None, untrusted=False):
+        system = messages[0]["content"]
+        if system == prompts.JUDGE_SYSTEM:
+            await self._enter("judge", messages)
+            answer = messages[2]["content"].removeprefix("Proposed answer: ")
+            return SimpleNamespace(text=f"Let me check. 6*7 = 42.\nScore: {self.scores[answer]}")
+        kind = "refine" if "reliability score" in text_of(messages) else "solve"
+        await self._enter(kind, messages)
+        if kind == "refine" and self.refine_text is not None:
+            return SimpleNamespace(text=self.refine_text)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return SimpleNamespace(text=f"Working...\nAnswer: {answer}")
+
+    async def score(self, messages, candidates, untrusted=False):
+        await self._enter("logprob", messages)
+        p = self.scores[messages[2]["content"].removeprefix("Proposed answer: ")]
+        return {"Yes": math.log(max(p, 1e-9)), "No": math.log(max(1 - p, 1e-9))}
+
+
+def kinds(llm):
+    return [k for k, _ in llm.calls]
+
+
+# ------------------------------------------------------------------------------------- the filter
+
+def test_filter_strictly_below_and_min_f_lowest():
+    scores = [(1, 0.9), (2, 0.3), (3, 0.5), (4, 0.6), (5, 0.1)]
+    below, dropped, kept = filter_neighbours(0.6, scores, F=2)
+    assert below == [2, 3, 5]  # 0.6 is not strictly below 0.6
+    assert dropped == [5, 2]  # the two lowest of L
+    assert kept == [1, 3, 4]
+
+
+def test_filter_drops_at_most_len_l_and_ties_keep_neighbour_order():
+    assert filter_neighbours(0.5, [(1, 0.9), (2, 0.2)], F=3) == ([2], [2], [1])
+    below, dropped, kept = filter_neighbours(0.8, [(1, 0.4), (2, 0.4), (3, 0.4), (4, 0.9)], F=2)
+    assert dropped == [1, 2] and kept == [3, 4]
+    assert filter_neighbours(0.0, [(1, 0.0), (2, 0.5)], F=1) == ([], [], [1, 2])  # nobody below 0.0
+    assert filter_neighbours(1.0, [(1, 0.2)], F=1) == ([1], [1], [])  # everyone dropped: empty kept set
+
+
+# --------------------------------------------------------------------------------- score parsing
+
+@pytest.mark.parametrize("text, expected", [
+    ("Score: 0.8", (0.8, True)),
+    ("first Score: 0.2 then I reconsider.\nScore: 0.9", (0.9, True)),  # the LAST marker
+    ("Score: 1.7", (1.0, True)),
+    ("score = -0.3", (0.0, True)),
+    ("**Score:** 0.5 ...", (0.5, True)),
+    ("Score: **1**", (1.0, True)),
+    ("<think>Score: 0.1</think>Score: 0.7", (0.7, True)),
+    ("<think>Score: 0.1 and the", (0.5, False)),  # an unclosed think block is working only
+    ("", (0.5, False)),
+    (None, (0.5, False)),
+    # The reference's failure: the judge is cut off mid-working; it must not be scored by "12".
+    ("Let me solve: 3 * 4 = 12, so the proposed answer 12", (0.5, False)),
+])
+def test_parse_score(text, expected):
+    assert parse_score(text) == expected
+
+
+# ---------------------------------------------------------------------------------------- prompts
+
+def test_refine_prompt_orders_kept_by_score_two_decimals_and_substitutes_f():
+    msgs = prompts.refine(TASK, "41", [("40", 0.3), ("42", 0.875), ("43", 0.3)], F=3)
+    body = text_of(msgs)
+    assert body.index("42 (reliability score: 0.88)") < body.index("40 (reliability score: 0.30)") \
+        < body.index("43 (reliability score: 0.30)")  # highest first, ties in given order
+    assert "Up to 3 of the other" in body and " f " not in body and "f-" not in body
+    assert "Your previous answer: 41" in body
+    assert msgs[2]["untrusted"] and "42" in msgs[2]["content"]  # neighbours' text is untrusted
+    assert all(not m.get("untrusted") for i, m in enumerate(msgs) if i != 2)
+
+
+def test_judge_prompts_mark_the_answer_untrusted_and_share_a_prefix():
+    for build in (prompts.judge, prompts.judge_yes_no, prompts.judge_digit):
+        a, b = build(TASK, "41"), build(TASK, "<|im_end|>")
+        assert a[:2] == b[:2] and a[2]["untrusted"] and "Compute 6 * 7." in a[1]["content"]
+    assert "Score:" in prompts.JUDGE_SYSTEM and "0.5" in prompts.JUDGE_SYSTEM
+
+
+# -------------------------------------------------------------------------------------- the rounds
+
+def agents_on(llms, adversary=None):
+    agents = [Agent(i, "strong", llm) for i, llm in enumerate(llms)]
+    if adversary is not None:
+        agents.append(Agent(len(agents), "adversary", adversary=adversary))
+    return agents
+
+
+def test_one_round_filters_refines_and_records():
+    # Agent 0 answers 42 (self 0.9), agent 1 answers 41, agent 2 answers 42; adversary 3 sends 7.
+    scores = {"42": 0.9, "41": 0.4, "7": 0.1}
+    llms = [ScriptedLLM("a", ["42", "42"], scores), ScriptedLLM("b", ["41", "42"], scores),
+            ScriptedLLM("c", ["42", "42"], scores)]
+    adv = Adversary(TASK, ["7"], seed=0)
+    rec = asyncio.run(run_sac(TASK, complete(4), agents_on(llms, adv), F=1, T=1))
+
+    r0, r1 = rec["rounds"]
+    assert [a["answer"] for a in r0["agents"]] == ["42", "41", "42", "7"]
+    a0 = r1["agents"][0]
+    assert a0["scores"] == {1: 0.4, 2: 0.9, 3: 0.1}
+    assert a0["below"] == [1, 3] and a0["dropped"] == [3] and a0["kept"] == [1, 2]
+    # The refine prompt of agent 0 shows the kept answers, highest score first, not the adversary's.
+    refine = text_of(next(m for k, m in llms[0].calls if k == "refine"))
+    assert refine.index("42 (reliability score: 0.90)") < refine.index("41 (reliability score: 0.40)")
+    assert "Answer: 7" not in refine
+    a1 = r1["agents"][1]  # self 0.4: only the adversary (0.1) is below, and it is dropped
+    assert a1["threshold"] == 0.4 and a1["dropped"] == [3] and a1["answer"] == "42" and a1["previous"] == "41"
+    assert a1["self_score"] == 0.9  # re-scored after changing its answer
+    # Calls: solve, self-score, 3 neighbour scores, refine; re-score only when the answer changed.
+    assert kinds(llms[0]) == ["solve", "judge", "judge", "judge", "judge", "refine"]
+    assert kinds(llms[1]) == ["solve", "judge", "judge", "judge", "judge", "refine", "judge"]
+    m = instance_metrics(rec)
+    assert m["IAA"] == 0.5 and m["FAA"] == 0.75 and m["BFTI"] == 0.25 and m["RA"] == 1.0
+
+
+def test_empty_kept_set_makes_no_call_and_keeps_answer():
+    # A path 0-1 with F=1: agent 0 scores its only neighbour below itself, drops it, keeps nobody.
+    scores = {"42": 0.9, "41": 0.2}
+    llms = [ScriptedLLM("a", ["42"], scores), ScriptedLLM("b", ["41"], scores)]
+    rec = asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on(llms), F=1, T=2))
+    for r in rec["rounds"][1:]:
+        assert r["agents"][0]["kept"] == [] and r["agents"][0]["refine_called"] is False
+        assert r["agents"][0]["answer"] == "42"
+    assert "refine" not in kinds(llms[0])
+    assert "refine" in kinds(llms[1])  # agent 1 (self 0.2) keeps agent 0 (0.9 is not below)
+
+
+def test_unparsable_refinement_keeps_answer():
+    scores = {"42": 0.9, "41": 0.9}
+    llms = [ScriptedLLM("a", ["42"], scores, refine="I am not sure."),
+            ScriptedLLM("b", ["41"], scores, refine="I am not sure.")]
+    rec = asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on(llms), F=1, T=1))
+    a0 = rec["rounds"][1]["agents"][0]
+    assert a0["refine_called"] and a0["refine_parsed"] is False and a0["answer"] == "42"
+    assert kinds(llms[0]).count("judge") == 2  # self + neighbour, no re-score of an unchanged answer
+
+
+def test_scoring_calls_of_a_round_are_concurrent_and_failures_score_zero():
+    shared = ScriptedLLM("s", ["42"], {"42": 0.9, "41": 0.4, "7": 0.1})
+
+    class Failing(ScriptedLLM):
+        async def chat(self, messages, params=None, untrusted=False):
+            if messages[0]["content"] == prompts.JUDGE_SYSTEM and "Proposed answer: 42" in text_of(messages):
+                raise RuntimeError("backend down")
+            return await super().chat(messages, params, untrusted)
+
+    failing = Failing("f", ["41"], {"42": 0.9, "41": 0.4, "7": 0.1})
+    agents = [Agent(0, "strong", shared), Agent(1, "strong", shared), Agent(2, "weak", failing),
+              Agent(3, "adversary", adversary=Adversary(TASK, ["7"]))]
+    rec = asyncio.run(run_sac(TASK, complete(4), agents, F=1, T=1))
+    assert shared.max_in_flight >= 6  # agents 0 and 1 score their 3 neighbours in one gather
+    a2 = rec["rounds"][1]["agents"][2]
+    assert a2["scores"][0] == 0.0 and a2["score_errors"]  # a raising scoring call counts 0.0
+
+
+def test_logprob_mode_uses_one_pass_per_score():
+    scores = {"42": 0.8, "41": 0.3}
+    llms = [ScriptedLLM("a", ["42"], scores), ScriptedLLM("b", ["41"], scores)]
+    rec = asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on(llms), F=0, T=1, score_mode="logprob"))
+    assert "judge" not in kinds(llms[0]) and kinds(llms[0]).count("logprob") == 2
+    assert rec["rounds"][0]["agents"][0]["self_score"] == pytest.approx(0.8)
+    assert rec["rounds"][1]["agents"][0]["dropped"] == []  # F=0 drops nobody
+
+
+# ------------------------------------------------------------------------------------- adversaries
+
+def test_adversary_never_sends_a_correct_answer():
+    tasks = get_task("gen-arith", 30, seed=3)
+    cache = [(t.id, t.gold) for t in tasks] + [("x", "42"), ("y", "042"), ("z", "42.0")]
+    for t in tasks + [TASK]:
+        for eq in (False, True):
+            adv = Adversary(t, cache, seed=5, agent_id=6, equivocate=eq)
+            for receiver in range(7):
+                assert not is_correct(adv.message(receiver, 1), t.gold, t.kind)
+    assert wrong_answers(TASK, ["42", "42.0", "6*7"]) != []  # a cache with only right answers still works
+    assert not is_correct(wrong_answers(TASK, ["42"])[0], "42", "number")
+
+
+def test_adversary_is_seeded_stably_and_equivocates():
+    cache = [str(v) for v in range(100)]
+    a, b = Adversary(TASK, cache, seed=1, agent_id=6), Adversary(TASK, cache, seed=1, agent_id=6)
+    assert a.answer == b.answer
+    assert stable_seed("x", 1) == 6866867746733880335  # pinned: the same in every process
+    eq = Adversary(TASK, cache, seed=1, agent_id=6, equivocate=True)
+    assert len({eq.message(i) for i in range(6)}) > 1 and eq.message(2, 1) == eq.message(2, 5)
+    assert eq.confidence == 1.0
+
+
+def test_make_agents_lineup():
+    s, w = ScriptedLLM("s", ["1"], {}), ScriptedLLM("w", ["1"], {})
+    agents = make_agents(s, w, n=7, weak=2, byzantine=1, task=TASK, cache=["7"])
+    assert [a.role for a in agents] == ["strong"] * 4 + ["weak"] * 2 + ["adversary"]
+    assert agents[4].llm is w and agents[6].adversary.answer == "7"
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+def test_metrics_on_a_hand_made_record():
+    def rnd(answers):
+        return {"agents": [{"id": i, "answer": a} for i, a in enumerate(answers)]}
+    rec = {"gold": "1/2", "kind": "math", "agents": [{"id": 0, "role": "strong"}, {"id": 1, "role": "strong"},
+           {"id": 2, "role": "weak"}, {"id": 3, "role": "adversary"}],
+           "rounds": [rnd(["0.5", "3", "3", "7"]), rnd(["\\frac{1}{2}", "0.5", "3", "7"])]}
+    m = instance_metrics(rec)
+    assert m["IAA"] == 0.25 and m["FAA"] == 0.5 and m["BFTI"] == 0.25
+    assert m["RA"] == 1.0  # "\frac{1}{2}" and "0.5" vote together (the reference's RA split them)
+    assert m["H-Majority"] == 1.0
+    assert m["acc"]["strong"] == [0.5, 1.0] and m["acc"]["weak"] == [0.0, 0.0] and m["acc"]["honest"][1] == 2 / 3
+    assert plurality(["3", "7", None], "number") == "3"  # tie: the first seen
+    s = summarize([rec, rec])
+    assert s["instances"] == 2 and s["BFTI"] == 0.25 and s["acc"]["strong"] == [0.5, 1.0]
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir):
+    from byzantium.backends import load_llm
+    llm = load_llm(smollm2_dir, backend="native", num_blocks=1024)
+    yield llm
+    llm.close()
+
+
+@pytest.mark.parametrize("mode, n", [("logprob", 2), ("generate", 1)])  # generate decodes: one problem
+def test_sac_end_to_end_on_the_embedded_model(smollm2, mode, n):
+    from byzantium.engine.sampling import SamplingParams
+    tasks = get_task("gen-arith", n, seed=0)
+    cache = [(t.id, t.gold) for t in get_task("gen-arith", 10, seed=1)]
+    solve = SamplingParams(max_tokens=32)
+    judge = SamplingParams(max_tokens=16)  # mostly cut off before "Score:": exercises the 0.5 fallback
+
+    async def main():
+        runs = []
+        for t in tasks:
+            agents = make_agents(smollm2, n=4, weak=0, byzantine=1, task=t, cache=cache, seed=0)
+            runs.append(run_sac(t, complete(4), agents, F=1, T=1, score_mode=mode,
+                                solve_params=solve, judge_params=judge))
+        return await asyncio.gather(*runs)
+
+    start = time.perf_counter()
+    records = asyncio.run(main())
+    elapsed = time.perf_counter() - start
+    for rec in records:
+        assert len(rec["rounds"]) == 2 and len(rec["rounds"][1]["agents"]) == 4
+        for a in rec["rounds"][1]["agents"][:3]:
+            assert set(a["scores"]) == {0, 1, 2, 3} - {a["id"]} and 0.0 <= a["self_score"] <= 1.0
+            assert len(a["dropped"]) <= 1 and set(a["dropped"]) <= set(a["below"])
+        assert not is_correct(rec["rounds"][1]["agents"][3]["answer"], rec["gold"], rec["kind"])
+    s = summarize(records)
+    assert s["instances"] == n and s["BFTI"] is not None and len(s["acc"]["honest"]) == 2
+    print(f"SAC {mode}: {n} instances in {elapsed:.1f}s")
