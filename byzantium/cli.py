@@ -2,10 +2,15 @@
 
     byzantium demo                      batched chat generation on the embedded model, with engine stats
     byzantium generate "prompt" ...     generate for prompts given on the command line
+    byzantium run maj|rr|rrmaj ...      MAJ / RR / RRMaj ("The Consensus Trap") over many questions
+
+    byzantium run rrmaj --agents 5 --corrupt 3 --chunk 32 --trajectories 5 --max-len 128 \
+        --attack strong --task gen-track --limit 20 --out runs/rrmaj
 """
 import argparse
 import json
 import sys
+from pathlib import Path
 import time
 
 DEMO_QUESTIONS = [
@@ -78,6 +83,115 @@ def cmd_generate(args):
         print_stats(engine, time.perf_counter() - start, args.trace)
 
 
+def run_args(ap):
+    ap.add_argument("method", choices=("maj", "rr", "rrmaj"))
+    ap.add_argument("--agents", type=int, default=5, help="N agents (default 5)")
+    ap.add_argument("--corrupt", type=int, default=0, help="c corrupted agents, 0..N (default 0)")
+    ap.add_argument("--chunk", type=int, default=100, help="K tokens per turn (default 100)")
+    ap.add_argument("--trajectories", type=int, default=None, help="M RRMaj trajectories (default N)")
+    ap.add_argument("--max-len", type=int, default=512, help="L: answer length limit in tokens (default 512)")
+    ap.add_argument("--attack", choices=("moderate", "strong"), default="strong")
+    ap.add_argument("--model", default=None, help="every agent's model (default smollm2-135m)")
+    ap.add_argument("--models", default=None, help="one model per agent, comma-separated")
+    ap.add_argument("--backend", choices=("native", "hf"), default="native")
+    ap.add_argument("--task", default=None,
+                    help="gen-arith (default), gen-track, gen-order, or a dataset format with --data "
+                         "(detected from the file when not given)")
+    ap.add_argument("--data", default=None, help="a local dataset file (JSONL)")
+    ap.add_argument("--limit", type=int, default=None, help="number of questions (generators: default 100)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--out", default=None, help="output directory (default runs/METHOD)")
+    ap.add_argument("--concurrency", type=int, default=64, help="questions in flight at once (default 64)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def check_model(name):
+    """Fail on an unknown model without loading it. Local names and paths resolve for certain; a hub
+    id not in the local cache is looked up on the hub, and accepted when the hub cannot be reached."""
+    from pathlib import Path
+    from .engine.loader import _HUB_ID, resolve_model
+    if name is None or Path(name).expanduser().exists() or not _HUB_ID.match(name):
+        resolve_model(name)
+        return
+    try:
+        from huggingface_hub import HfApi, try_to_load_from_cache
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+        HfApi().model_info(name, timeout=10)
+    except ImportError:
+        return
+    except Exception as error:
+        if type(error).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "HFValidationError"):
+            raise ValueError(f"unknown model {name!r}: not on the Hugging Face hub ({type(error).__name__})")
+        # offline or hub trouble: the loader reports it when the model is loaded
+
+
+def prepare_run(args):
+    """Check every argument and load the questions; nothing heavy is loaded here."""
+    from .experiments.rr import check_config
+    from .tasks import FORMATS, HUB, TASKS, get_task, load_task
+    m = args.trajectories if args.trajectories is not None or args.method != "rrmaj" else args.agents
+    check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
+                 args.temperature)
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.models is not None:
+        if args.model is not None:
+            raise ValueError("give --model or --models, not both")
+        models = [name.strip() for name in args.models.split(",")]
+        if len(models) != args.agents or not all(models):
+            raise ValueError(f"--models names {len(models)} models for --agents {args.agents}; give one per agent")
+    else:
+        models = [args.model] * args.agents
+    if args.data is not None:
+        if not Path(args.data).is_file():
+            raise ValueError(f"--data {args.data!r}: no such file")
+        if args.task is not None and args.task not in FORMATS:
+            raise ValueError(f"unknown --task {args.task!r} for --data; dataset formats: {', '.join(FORMATS)}")
+        tasks = load_task(args.data, limit=args.limit, seed=args.seed, format=args.task)
+    elif (args.task or "gen-arith") in TASKS:
+        tasks = get_task(args.task or "gen-arith", 100 if args.limit is None else args.limit, args.seed)
+    elif args.task in HUB:
+        tasks = load_task(args.task, limit=args.limit, seed=args.seed)
+    else:
+        raise ValueError(f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}, "
+                         f"or a dataset ({', '.join(FORMATS)}) with --data FILE")
+    if not tasks:
+        raise ValueError("no questions to run")
+    for name in dict.fromkeys(models):
+        check_model(name)
+    return models, tasks, (m if args.method == "rrmaj" else None)
+
+
+def cmd_run(args):
+    from .backends import DEFAULT_MODEL, LLMPool
+    from .experiments.rr import print_table, run_rr_experiment, settings
+    from .experiments.runner import SUMMARY, check_resume, read_results
+    models, tasks, m = prepare_run(args)
+    out = args.out or f"runs/{args.method}"
+    config = dict(models=[name or DEFAULT_MODEL for name in models], backend=args.backend,
+                  task=args.task or ("gen-arith" if args.data is None else None), data=args.data)
+    check_resume(out, settings(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
+                               args.temperature, args.seed, 0, config))  # before any model loads
+    done = {r["id"] for r in read_results(out)} if Path(out).is_dir() else set()
+    if all(task.id in done for task in tasks) and (Path(out) / SUMMARY).is_file():
+        print(f"all {len(tasks)} questions already done in {out}; nothing to run")
+        print_table(json.loads((Path(out) / SUMMARY).read_text()))
+        return
+    kwargs = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    with LLMPool(args.backend, **kwargs) as pool:
+        llms = [pool.get(name) for name in models]
+        run_rr_experiment(args.method, tasks, llms, args.corrupt, args.chunk, m, args.max_len, args.attack,
+                          args.temperature, args.seed, out, concurrency=args.concurrency, config=config,
+                          progress=not args.no_progress)
+    print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="byzantium", description="Multi-agent LLM protocols under Byzantine faults.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -90,12 +204,20 @@ def main(argv=None):
     gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
     engine_args(gen)
     gen.set_defaults(func=cmd_generate)
-    args = ap.parse_args(argv)
+    run = sub.add_parser("run", help="MAJ, RR or RRMaj over many questions, resumable (--out DIR)")
+    run_args(run)
+    run.set_defaults(func=cmd_run)
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exit:  # argparse's refusals (exit 2) and --help (0), as a return code
+        return exit.code
     try:
         args.func(args)
     except (ValueError, TypeError) as error:  # bad input: a clear message, not a traceback
         print(f"byzantium: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

@@ -1,0 +1,159 @@
+"""MAJ, RR and RRMaj experiments ("The Consensus Trap") over many questions, through the runner.
+
+    from byzantium.backends import LLMPool
+    from byzantium.tasks import get_task
+    with LLMPool("native") as pool:
+        summary = run_rr_experiment("rrmaj", get_task("gen-track", 20), pool.get(), corrupt=3, n=5,
+                                    k=32, m=5, max_len=128, out="runs/rrmaj")
+
+One JSONL line per question (every agent's answer, or every trajectory's chunks and authors);
+summary.json holds `accuracy`, the configuration, per-method details, parse failures (answer None)
+and the engine's stats summed over the distinct models.
+"""
+import json
+from pathlib import Path
+
+from ..protocols.attacks import ATTACKS, make_agents
+from ..protocols.round_robin import round_robin, rr_majority
+from ..protocols.voting import majority_vote
+from ..tasks import is_correct
+from .runner import SUMMARY, run_instances, to_json
+
+METHODS = ("maj", "rr", "rrmaj")
+ENGINE_KEYS = ("prefill_tokens", "decode_tokens", "cached_tokens", "prefill_seconds", "decode_seconds",
+               "steps", "max_batch_seqs", "preemptions", "requests")
+
+
+def check_config(method, n, corrupt, k, m, max_len, attack, temperature):
+    """ValueError naming the bad setting (the CLI calls this before loading anything)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if n < 1:
+        raise ValueError(f"--agents must be >= 1, got {n}")
+    if not 0 <= corrupt <= n:
+        raise ValueError(f"--corrupt must be between 0 and --agents ({n}), got {corrupt}")
+    if k < 1:
+        raise ValueError(f"--chunk (K) must be >= 1, got {k}")
+    if m is not None and m < 1:
+        raise ValueError(f"--trajectories (M) must be >= 1, got {m}")
+    if max_len < 1:
+        raise ValueError(f"--max-len must be >= 1, got {max_len}")
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown --attack {attack!r}; choose one of {', '.join(ATTACKS)}")
+    if temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {temperature}")
+
+
+def engine_stats(llms):
+    """The engines' counters summed over the distinct models (plus each model's own)."""
+    distinct = list({id(llm): llm for llm in llms}.values())
+    total = {key: 0 for key in ENGINE_KEYS}
+    per_model = {}
+    for llm in distinct:
+        stats = dict(llm.stats or {})
+        per_model[getattr(llm, "name", str(len(per_model)))] = stats
+        for key in ENGINE_KEYS:
+            value = stats.get(key, 0) or 0
+            total[key] = max(total[key], value) if key == "max_batch_seqs" else total[key] + value
+    if len(distinct) > 1:
+        total["per_model"] = per_model
+    return total
+
+
+def _mean(values):
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def _details(method, records):
+    """Numbers beyond accuracy: per-agent (MAJ) or per-trajectory (RR, RRMaj) accuracy and failures."""
+    if method == "maj":
+        answers = [(a, r) for r in records for a in r["agents"]]
+        ok = lambda group: _mean(is_correct(a["answer"], r["gold"], r["kind"]) for a, r in group)
+        return {"agent_accuracy_honest": ok([(a, r) for a, r in answers if not a["corrupted"]]),
+                "agent_accuracy_corrupted": ok([(a, r) for a, r in answers if a["corrupted"]]),
+                "agent_parse_failures": sum(a["answer"] is None for a, _ in answers),
+                "ties": sum(r["vote"]["tie"] for r in records)}
+    trajectories = [t for r in records for t in (r["trajectories"] if method == "rrmaj" else [r])]
+    last = [t["chunks"][-1]["corrupted"] for t in trajectories if t["chunks"]]
+    details = {"trajectories": len(trajectories),
+               "trajectory_accuracy": _mean(t["correct"] for t in trajectories),
+               "trajectory_parse_failures": sum(t["answer"] is None for t in trajectories),
+               "finished_by_eos": sum(t["finish_reason"] == "stop" for t in trajectories),
+               "mean_tokens": _mean(t["num_tokens"] for t in trajectories),
+               "last_speaker_corrupted": _mean(last)}
+    if method == "rrmaj":
+        details["ties"] = sum(r["vote"]["tie"] for r in records)
+    return details
+
+
+def summarize(method, records, llms):
+    return {"method": method,
+            "accuracy": _mean(r["correct"] for r in records),
+            "correct": sum(r["correct"] for r in records),
+            "parse_failures": sum(r["answer"] is None for r in records),
+            "details": _details(method, records),
+            "engine": engine_stats(llms)}
+
+
+def print_table(summary):
+    c, d = summary["config"], summary["details"]
+    config = f"{c['corrupt']}c{c['agents'] - c['corrupt']}t"
+    if c["method"] != "maj":
+        config += f" K={c['k']} L={c['max_len']}" + (f" M={c['m']}" if c["method"] == "rrmaj" else "")
+    acc = summary["accuracy"]
+    e = summary["engine"]
+    rows = [("method", "config", "attack", "questions", "accuracy", "parse fail", "prefill", "decode", "cached"),
+            (c["method"].upper(), config, c["attack"], f"{summary['instances']}/{summary['total']}",
+             "-" if acc is None else f"{acc:.3f}", str(summary["parse_failures"]), str(e["prefill_tokens"]),
+             str(e["decode_tokens"]), str(e["cached_tokens"]))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+    extra = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items() if v is not None)
+    print(f"({extra})")
+
+
+def settings(method, n, corrupt, k, m, max_len, attack, temperature, seed, attack_seed=0, config=None):
+    """The configuration recorded in summary.json (and compared on resume)."""
+    return dict(method=method, agents=n, corrupt=corrupt, k=k if method != "maj" else None,
+                m=(n if m is None else m) if method == "rrmaj" else None, max_len=max_len, attack=attack,
+                temperature=float(temperature), seed=seed, attack_seed=attack_seed, **(config or {}))
+
+
+def run_rr_experiment(method, tasks, llms, corrupt=0, k=100, m=None, max_len=512, attack="strong",
+                      temperature=0.0, seed=0, out="runs/rr", n=None, attack_seed=0, concurrency=64,
+                      config=None, progress=True, table=True) -> dict:
+    """Run `method` on every task (resuming from OUT); returns the summary written to OUT/summary.json.
+
+    llms: one LLM shared by n agents, or a list with one per agent. m: RRMaj trajectories (default N).
+    config: extra settings to record (model names, task, backend); a rerun into an OUT written with a
+    different configuration is refused."""
+    agents = make_agents(llms, corrupt, n)
+    n = len(agents)
+    m = n if m is None else m
+    c = sum(a.corrupted for a in agents)
+    check_config(method, n, c, k, m, max_len, attack, temperature)
+
+    async def solve(task):
+        if method == "maj":
+            result = await majority_vote(task, agents, attack, max_len, temperature, seed, attack_seed)
+        elif method == "rr":
+            result = await round_robin(task, agents, k, max_len, attack, temperature, seed, 0, attack_seed)
+        else:
+            result = await rr_majority(task, agents, m, k, max_len, attack, temperature, seed, attack_seed)
+        return {"gold": task.gold, "kind": task.kind, **to_json(result)}
+
+    llm_list = [a.llm for a in agents]
+    recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config)
+    run_instances(tasks, solve, out, key=lambda t: t.id, concurrency=concurrency,
+                  stats=lambda: engine_stats(llm_list), config=recorded,
+                  summarize=lambda records: summarize(method, records, llm_list),
+                  desc=method.upper(), progress=progress)
+    summary = json.loads((Path(out) / SUMMARY).read_text())
+    if table:
+        print_table(summary)
+    return summary
+
+
+__all__ = ["METHODS", "check_config", "engine_stats", "summarize", "print_table", "settings", "run_rr_experiment"]

@@ -1,0 +1,188 @@
+"""The experiment runner: many problem instances at once, one JSONL line per instance, resumable.
+
+    records = run_instances(items, solve, out="runs/x", key=lambda t: t.id,
+                            summarize=lambda records: {"accuracy": ...}, stats=lambda: llm.stats)
+
+`solve(item)` is an `async def` over ONE instance (a protocol on one problem); up to `concurrency`
+of them are in flight together, so the engine batches their requests. Each result (a dataclass or a
+dict) is appended to OUT/results.jsonl as `{"id": ..., **result}` and flushed the moment its instance
+finishes. A rerun with the same OUT skips the ids already there, so a crash or Ctrl-C loses only the
+instances in flight; a line cut short by a crash is dropped (that instance runs again). At the end,
+and on Ctrl-C, OUT/summary.json receives `summarize(records)` over every record in the file.
+"""
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+RESULTS, SUMMARY = "results.jsonl", "summary.json"
+
+
+def to_json(value):
+    """Dataclasses, tuples, sets, paths and non-finite floats made JSON-safe (recursively)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def read_results(out) -> list[dict]:
+    """The complete records of OUT/results.jsonl. A damaged line (a crash mid-write) is dropped, and
+    the file rewritten without it, so that appending goes on from a clean line boundary."""
+    path = Path(out) / RESULTS
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    records, bad = [], 0
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(record, dict) and "id" in record:
+            records.append(record)
+        else:
+            bad += 1
+    if bad or (raw and not raw.endswith(b"\n")):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, path)
+        if bad:
+            print(f"byzantium: dropped {bad} damaged line(s) of {path}; those instances run again",
+                  file=sys.stderr)
+    return records
+
+
+def write_summary(out, summary):
+    path = Path(out) / SUMMARY
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(to_json(summary), indent=1) + "\n")
+    os.replace(tmp, path)  # never a half-written summary
+    return path
+
+
+def check_resume(out, config):
+    """Refuse to resume into an OUT whose summary was written for a different configuration."""
+    path = Path(out) / SUMMARY
+    if config is None or not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text()).get("config")
+    except ValueError:
+        return
+    if old is not None and old != to_json(config):
+        diff = sorted(k for k in set(old) | set(to_json(config)) if old.get(k) != to_json(config).get(k))
+        raise ValueError(f"{out} holds results of a different configuration (differs in: {', '.join(diff)}); "
+                         f"use another --out")
+
+
+def _tokens(stats):
+    try:
+        return int((stats() or {}).get("decode_tokens", 0)) if stats else 0
+    except Exception:  # stats are a progress nicety; never let them stop a run
+        return 0
+
+
+async def run_async(items, solve, out, key=None, concurrency=64, stats=None, desc="instances", progress=True):
+    """Run `solve` over the items not yet in OUT; returns (records before, records added now)."""
+    from tqdm.auto import tqdm
+
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    key = key or (lambda item: item.id)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = read_results(out)
+    seen = {r["id"] for r in done}
+    ids = [str(key(item)) for item in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError("instance ids are not unique")
+    todo = [(i, item) for i, item in zip(ids, items) if i not in seen]
+    added = []
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="inst",
+               disable=not progress, dynamic_ncols=True)
+    start, tokens0 = time.perf_counter(), _tokens(stats)
+
+    def tick():
+        rate = (_tokens(stats) - tokens0) / max(time.perf_counter() - start, 1e-9)
+        bar.set_postfix_str(f"{rate:.1f} gen tok/s", refresh=False)
+        bar.refresh()
+
+    async def ticker():  # keeps tokens/s moving while long instances run
+        while True:
+            await asyncio.sleep(1.0)
+            tick()
+
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(i, item, f):
+        async with limit:
+            result = await solve(item)
+        record = {"id": i, **{k: v for k, v in to_json(result).items() if k != "id"}}
+        f.write(json.dumps(record) + "\n")
+        f.flush()  # on disk as soon as the instance finishes
+        added.append(record)
+        bar.update(1)
+        tick()
+
+    ticking = asyncio.create_task(ticker()) if progress else None
+    try:
+        with open(out / RESULTS, "a") as f:
+            tasks = [asyncio.create_task(one(i, item, f)) for i, item in todo]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        if ticking:
+            ticking.cancel()
+        bar.close()
+    return done, added
+
+
+def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summarize=None, config=None,
+                  desc="instances", progress=True):
+    """Synchronous entry point; writes OUT/summary.json and returns every record (old and new).
+
+    On Ctrl-C the summary of what is done is written (`"complete": false`) and KeyboardInterrupt
+    re-raised; rerun with the same OUT to finish."""
+    check_resume(out, config)
+    start = time.perf_counter()
+    complete = False
+    try:
+        done, added = asyncio.run(run_async(items, solve, out, key, concurrency, stats, desc, progress))
+        complete = True
+    except KeyboardInterrupt:
+        print(f"\nbyzantium: interrupted; finished instances are in {Path(out) / RESULTS}; "
+              f"rerun with the same output directory to resume", file=sys.stderr)
+        raise
+    finally:
+        records = read_results(out) if Path(out).exists() else []
+        wanted = {str((key or (lambda item: item.id))(item)) for item in items}
+        records = [r for r in records if r["id"] in wanted]
+        summary = dict(summarize(records)) if summarize else {}
+        summary.update(config=config, instances=len(records), total=len(items),
+                       complete=complete and len(records) == len(items),
+                       seconds=time.perf_counter() - start)
+        write_summary(out, summary)
+    return records
+
+
+__all__ = ["RESULTS", "SUMMARY", "to_json", "read_results", "write_summary", "check_resume", "run_async",
+           "run_instances"]
