@@ -1,6 +1,6 @@
 """`byzantium ...`: the command line.
 
-    byzantium demo                      batched chat generation on the embedded model, with engine stats
+    byzantium demo                      MAJ vs RRMaj, corruption sweep 0c5t..5c0t, on the embedded model
     byzantium generate "prompt" ...     generate for prompts given on the command line
     byzantium run maj|rr|rrmaj ...      MAJ / RR / RRMaj ("The Consensus Trap") over many questions
 
@@ -13,16 +13,7 @@ import sys
 from pathlib import Path
 import time
 
-DEMO_QUESTIONS = [
-    "What is 17 + 25? Answer with the number only.",
-    "Name the largest planet in the solar system.",
-    "Which is heavier, a kilogram of feathers or a kilogram of iron?",
-    "Give one word that rhymes with 'cat'.",
-    "What is the capital of Japan?",
-    "If a train leaves at 3 pm and travels for 2 hours, when does it arrive?",
-    "Is 91 a prime number? Answer yes or no and why.",
-    "Translate 'good morning' into French.",
-]
+DEMO_QUESTIONS = 20  # `byzantium demo`: questions per configuration (about 2-3 minutes on 2 CPU cores)
 
 
 def engine_args(ap):
@@ -53,17 +44,8 @@ def print_stats(engine, seconds, trace):
 
 
 def cmd_demo(args):
-    engine, params = make_engine(args)
-    conversations = [[{"role": "system", "content": "You are a concise assistant."}, {"role": "user", "content": q}]
-                     for q in DEMO_QUESTIONS]
-    print(f"Answering {len(conversations)} questions in one batch on {args.model or 'smollm2-135m'} "
-          f"({engine.device}, {str(engine.dtype).replace('torch.', '')}) ...", flush=True)
-    start = time.perf_counter()
-    outputs = engine.chat(conversations, params)
-    seconds = time.perf_counter() - start
-    for question, out in zip(DEMO_QUESTIONS, outputs):
-        print(f"\nQ: {question}\nA: {out.text.strip()}")
-    print_stats(engine, seconds, args.trace)
+    from .experiments.demo import run_demo
+    run_demo(questions=args.questions, out=args.out, progress=not args.no_progress)
 
 
 def cmd_generate(args):
@@ -195,8 +177,10 @@ def cmd_run(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="byzantium", description="Multi-agent LLM protocols under Byzantine faults.")
     sub = ap.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="batched chat generation on the embedded model")
-    engine_args(demo)
+    demo = sub.add_parser("demo", help="MAJ vs RRMaj across the corruption sweep on the embedded model (a few minutes)")
+    demo.add_argument("--questions", type=int, default=DEMO_QUESTIONS, help=f"generated sums (default {DEMO_QUESTIONS})")
+    demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=cmd_demo)
     gen = sub.add_parser("generate", help="generate for prompts given on the command line")
     gen.add_argument("prompts", nargs="+")

@@ -10,12 +10,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 from .answers import KINDS, extract_answer, is_correct, normalize_answer
-from .generators import gen_arith, gen_order, gen_track
+from .generators import gen_arith, gen_order, gen_sum, gen_track
 from .loaders import FORMATS, HUB, detect_format, load_hub, load_jsonl, read_records
 from .record import Task
 
 # Built-in generators by name: fn(n, seed, **options) -> list[Task]. Read-only.
-TASKS = MappingProxyType({"gen-arith": gen_arith, "gen-track": gen_track, "gen-order": gen_order})
+TASKS = MappingProxyType({"gen-arith": gen_arith, "gen-track": gen_track, "gen-order": gen_order,
+                         "gen-sum": gen_sum})
 DEFAULT_N = 100
 
 

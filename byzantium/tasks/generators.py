@@ -185,3 +185,19 @@ def _say(clue, d, k):
     else:
         where = d["nth"].format(ORDINALS[p])
     return f"{subject} {d['place'].format(where)}"
+
+
+# ------------------------------------------------------------------------------------------- sums
+
+def gen_sum(n, seed=0, hi=5):
+    """One-step sums "What is a + b?" with 2 <= a, b <= hi; numeric answer. Easy enough for the
+    embedded 135M model to be clearly above chance (the demo's problems)."""
+    if hi < 2:
+        raise ValueError(f"gen-sum needs hi >= 2, got {hi}")
+    tasks = []
+    for i in range(n):
+        rng = _rng(f"gen-sum-{hi}", seed, i)
+        a, b = rng.randint(2, hi), rng.randint(2, hi)
+        tasks.append(Task(f"gen-sum-{seed}-{i}", f"What is {a} + {b}?", None, str(a + b), "number",
+                          {"format": "gen-sum", "seed": seed, "index": i, "hi": hi}))
+    return tasks
