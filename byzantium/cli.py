@@ -3,9 +3,15 @@
     byzantium demo                      MAJ vs RRMaj, corruption sweep 0c5t..5c0t, on the embedded model
     byzantium generate "prompt" ...     generate for prompts given on the command line
     byzantium run maj|rr|rrmaj ...      MAJ / RR / RRMaj ("The Consensus Trap") over many questions
+    byzantium run sac|cpwbft ...        SAC / CP-WBFT ("Robust Multi-Agent LLMs under Byzantine Faults")
 
     byzantium run rrmaj --agents 5 --corrupt 3 --chunk 32 --trajectories 5 --max-len 128 \
         --attack strong --task gen-track --limit 20 --out runs/rrmaj
+    byzantium run sac --agents 7 --weak 2 --byzantine 1 --adversary fixed --f 3 --rounds 6 \
+        --topology merg --task gen-arith --limit 20 --score-mode logprob --out runs/sac
+
+Each method of `run` is its own sub-command with its own flags. Bad settings are refused (exit code 2,
+a message naming the problem) before any model is loaded.
 """
 import argparse
 import json
@@ -65,8 +71,18 @@ def cmd_generate(args):
         print_stats(engine, time.perf_counter() - start, args.trace)
 
 
-def run_args(ap):
-    ap.add_argument("method", choices=("maj", "rr", "rrmaj"))
+def task_args(ap, default_limit):
+    ap.add_argument("--task", default=None,
+                    help="gen-arith (default), gen-track, gen-order, or a dataset format with --data "
+                         "(detected from the file when not given)")
+    ap.add_argument("--data", default=None, help="a local dataset file (JSONL)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help=f"number of questions (generators: default {default_limit})")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def run_args(ap, method):
+    """The flags of `run maj|rr|rrmaj`."""
     ap.add_argument("--agents", type=int, default=5, help="N agents (default 5)")
     ap.add_argument("--corrupt", type=int, default=0, help="c corrupted agents, 0..N (default 0)")
     ap.add_argument("--chunk", type=int, default=100, help="K tokens per turn (default 100)")
@@ -76,15 +92,47 @@ def run_args(ap):
     ap.add_argument("--model", default=None, help="every agent's model (default smollm2-135m)")
     ap.add_argument("--models", default=None, help="one model per agent, comma-separated")
     ap.add_argument("--backend", choices=("native", "hf"), default="native")
-    ap.add_argument("--task", default=None,
-                    help="gen-arith (default), gen-track, gen-order, or a dataset format with --data "
-                         "(detected from the file when not given)")
-    ap.add_argument("--data", default=None, help="a local dataset file (JSONL)")
-    ap.add_argument("--limit", type=int, default=None, help="number of questions (generators: default 100)")
-    ap.add_argument("--seed", type=int, default=0)
+    task_args(ap, 100)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--out", default=None, help="output directory (default runs/METHOD)")
+    ap.add_argument("--out", default=None, help=f"output directory (default runs/{method})")
     ap.add_argument("--concurrency", type=int, default=64, help="questions in flight at once (default 64)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def sac_args(ap, protocol):
+    """The flags of `run sac|cpwbft` (the paper's defaults: n=7 = 4 strong, 2 weak, 1 adversarial; F=3; T=6)."""
+    ap.add_argument("--agents", type=int, default=7, help="n agents (default 7)")
+    ap.add_argument("--weak", type=int, default=2, help="faulty agents on the weak model (default 2)")
+    ap.add_argument("--byzantine", type=int, default=1, help="adversarial agents (default 1)")
+    ap.add_argument("--adversary", choices=("fixed", "decoy", "equivocate"), default="fixed",
+                    help="fixed: a cached answer verified wrong; decoy: a model writes a confident, subtly wrong "
+                         "solution; equivocate: a different wrong answer to each neighbour (default fixed)")
+    ap.add_argument("--f", dest="F", type=int, default=3, help="F: neighbours each agent may drop (default 3)")
+    ap.add_argument("--rounds", type=int, default=6, help="T rounds (default 6)")
+    ap.add_argument("--topology", choices=("merg", "complete", "er", "preferential"), default="merg",
+                    help="the graph, verified (F+1)-robust (default merg)")
+    ap.add_argument("--strong-model", default=None, help="the strong agents' model (default smollm2-135m)")
+    ap.add_argument("--weak-model", default=None, help="the weak agents' model (default: the strong model)")
+    ap.add_argument("--adversary-model", default=None, help="a decoy's model (default: the strong model)")
+    ap.add_argument("--backend", choices=("native", "hf"), default="native")
+    task_args(ap, 100)
+    ap.add_argument("--score-mode", choices=("generate", "logprob"), default="generate",
+                    help="SAC scoring: the judge writes `Score: x` (generate, default) or one forward pass "
+                         "(logprob)" + ("; CP-WBFT does not score and ignores it" if protocol == "cpwbft" else ""))
+    ap.add_argument("--max-tokens", type=int, default=1000,
+                    help="new tokens per solve, refine or decoy solution (default 1000)")
+    if protocol == "sac":
+        ap.add_argument("--judge-max-tokens", type=int, default=1000,
+                        help="new tokens per judgement in generate mode (default 1000)")
+        ap.add_argument("--logprob-kind", choices=("yes", "digit"), default="yes",
+                        help="logprob scoring: P(Yes) (default) or the expected digit 0..9")
+    else:
+        ap.add_argument("--all-rounds", action="store_true",
+                        help="run all T rounds instead of stopping at the convergence threshold")
+    ap.add_argument("--out", default=None, help=f"output directory (default runs/{protocol})")
+    ap.add_argument("--concurrency", type=int, default=64, help="problems in flight at once (default 64)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -111,25 +159,11 @@ def check_model(name):
         # offline or hub trouble: the loader reports it when the model is loaded
 
 
-def prepare_run(args):
-    """Check every argument and load the questions; nothing heavy is loaded here."""
-    from .experiments.rr import check_config
+def load_questions(args):
+    """The questions named by --task / --data / --limit / --seed (a ValueError naming a bad one)."""
     from .tasks import FORMATS, HUB, TASKS, get_task, load_task
-    m = args.trajectories if args.trajectories is not None or args.method != "rrmaj" else args.agents
-    check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
-                 args.temperature)
-    if args.concurrency < 1:
-        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    if args.models is not None:
-        if args.model is not None:
-            raise ValueError("give --model or --models, not both")
-        models = [name.strip() for name in args.models.split(",")]
-        if len(models) != args.agents or not all(models):
-            raise ValueError(f"--models names {len(models)} models for --agents {args.agents}; give one per agent")
-    else:
-        models = [args.model] * args.agents
     if args.data is not None:
         if not Path(args.data).is_file():
             raise ValueError(f"--data {args.data!r}: no such file")
@@ -145,27 +179,61 @@ def prepare_run(args):
                          f"or a dataset ({', '.join(FORMATS)}) with --data FILE")
     if not tasks:
         raise ValueError("no questions to run")
+    return tasks
+
+
+def prepare_run(args):
+    """Check every argument and load the questions; nothing heavy is loaded here."""
+    from .experiments.rr import check_config
+    m = args.trajectories if args.trajectories is not None or args.method != "rrmaj" else args.agents
+    check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
+                 args.temperature)
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.models is not None:
+        if args.model is not None:
+            raise ValueError("give --model or --models, not both")
+        models = [name.strip() for name in args.models.split(",")]
+        if len(models) != args.agents or not all(models):
+            raise ValueError(f"--models names {len(models)} models for --agents {args.agents}; give one per agent")
+    else:
+        models = [args.model] * args.agents
+    tasks = load_questions(args)
     for name in dict.fromkeys(models):
         check_model(name)
     return models, tasks, (m if args.method == "rrmaj" else None)
 
 
+def already_done(out, tasks, print_table):
+    """True (after printing the recorded table) when OUT holds every question and a summary."""
+    from .experiments.runner import SUMMARY, read_results
+    done = {r["id"] for r in read_results(out)} if Path(out).is_dir() else set()
+    if all(task.id in done for task in tasks) and (Path(out) / SUMMARY).is_file():
+        print(f"all {len(tasks)} questions already done in {out}; nothing to run")
+        print_table(json.loads((Path(out) / SUMMARY).read_text()))
+        return True
+    return False
+
+
+def engine_kwargs(args):
+    return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+
+
 def cmd_run(args):
     from .backends import DEFAULT_MODEL, LLMPool
     from .experiments.rr import print_table, run_rr_experiment, settings
-    from .experiments.runner import SUMMARY, check_resume, read_results
+    from .experiments.runner import check_resume
     models, tasks, m = prepare_run(args)
     out = args.out or f"runs/{args.method}"
     config = dict(models=[name or DEFAULT_MODEL for name in models], backend=args.backend,
                   task=args.task or ("gen-arith" if args.data is None else None), data=args.data)
     check_resume(out, settings(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
                                args.temperature, args.seed, 0, config))  # before any model loads
-    done = {r["id"] for r in read_results(out)} if Path(out).is_dir() else set()
-    if all(task.id in done for task in tasks) and (Path(out) / SUMMARY).is_file():
-        print(f"all {len(tasks)} questions already done in {out}; nothing to run")
-        print_table(json.loads((Path(out) / SUMMARY).read_text()))
+    if already_done(out, tasks, print_table):
         return
-    kwargs = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    kwargs = engine_kwargs(args)
     with LLMPool(args.backend, **kwargs) as pool:
         llms = [pool.get(name) for name in models]
         run_rr_experiment(args.method, tasks, llms, args.corrupt, args.chunk, m, args.max_len, args.attack,
@@ -174,7 +242,68 @@ def cmd_run(args):
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 
-def main(argv=None):
+def prepare_sac(args):
+    """Check every argument of `run sac|cpwbft` (graph included) and load the questions; loads no model.
+    Returns (sampling params, model names, questions)."""
+    from . import SamplingParams
+    from .engine.loader import DEFAULT_MODEL
+    from .experiments.sac import check_config
+    check_config(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
+                 args.topology, args.seed, args.score_mode)
+    for flag in ("concurrency", "max_tokens", "judge_max_tokens"):
+        value = getattr(args, flag, 1)
+        if value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    params = (SamplingParams(max_tokens=args.max_tokens),
+              SamplingParams(max_tokens=getattr(args, "judge_max_tokens", 1000)))
+    strong = args.strong_model or DEFAULT_MODEL
+    weak = args.weak_model or strong  # only one model is embedded: the weak agents default to it
+    adversary = args.adversary_model or strong
+    # Model names by role; None where no agent needs one.
+    models = {"strong": strong, "weak": weak if args.weak else None,
+              "adversary": adversary if args.byzantine and args.adversary == "decoy" else None}
+    tasks = load_questions(args)
+    for name in dict.fromkeys(m for m in models.values() if m is not None):
+        check_model(name)
+    return params, models, tasks
+
+
+def cmd_run_sac(args):
+    from .backends import LLMPool
+    from .experiments.runner import check_resume
+    from .experiments.sac import print_table, run_experiment, settings
+    (solve, judge), models, tasks = prepare_sac(args)
+    out = args.out or f"runs/{args.method}"
+    all_rounds = getattr(args, "all_rounds", False)  # CP-WBFT's flag
+    logprob_kind = getattr(args, "logprob_kind", "yes")  # SAC's flag
+    config = dict(models=models, backend=args.backend, task=args.task or ("gen-arith" if args.data is None else None),
+                  data=args.data)
+    check_resume(out, settings(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F,
+                               args.rounds, args.topology, args.seed, args.score_mode, logprob_kind, solve, judge,
+                               all_rounds, len(tasks), config))  # before any model loads
+    if already_done(out, tasks, print_table):
+        return
+    with LLMPool(args.backend, **engine_kwargs(args)) as pool:
+        strong = pool.get(models["strong"])
+        weak = pool.get(models["weak"]) if models["weak"] is not None else None
+        adversary = pool.get(models["adversary"]) if models["adversary"] is not None else None
+        run_experiment(args.method, tasks, strong, weak, adversary, args.agents, args.weak, args.byzantine,
+                       args.adversary, args.F, args.rounds, args.topology, args.seed, args.score_mode,
+                       logprob_kind, solve, judge, all_rounds, out, args.concurrency, config,
+                       progress=not args.no_progress)
+    print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
+
+
+RUN_METHODS = {
+    "maj": (run_args, cmd_run, "majority vote of N independent answers (\"The Consensus Trap\")"),
+    "rr": (run_args, cmd_run, "token-level round-robin: N agents write one answer, K tokens a turn"),
+    "rrmaj": (run_args, cmd_run, "M round-robin trajectories and a plurality vote over them"),
+    "sac": (sac_args, cmd_run_sac, "Self-Anchored Consensus on an (F+1)-robust graph with Byzantine agents"),
+    "cpwbft": (sac_args, cmd_run_sac, "the CP-WBFT baseline (confidence-weighted local updates)"),
+}
+
+
+def parser():
     ap = argparse.ArgumentParser(prog="byzantium", description="Multi-agent LLM protocols under Byzantine faults.")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="MAJ vs RRMaj across the corruption sweep on the embedded model (a few minutes)")
@@ -188,9 +317,17 @@ def main(argv=None):
     gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
     engine_args(gen)
     gen.set_defaults(func=cmd_generate)
-    run = sub.add_parser("run", help="MAJ, RR or RRMaj over many questions, resumable (--out DIR)")
-    run_args(run)
-    run.set_defaults(func=cmd_run)
+    run = sub.add_parser("run", help="an experiment over many questions, resumable (--out DIR)")
+    methods = run.add_subparsers(dest="method", required=True, metavar="{" + ",".join(RUN_METHODS) + "}")
+    for name, (add_args, func, help) in RUN_METHODS.items():
+        method = methods.add_parser(name, help=help)
+        add_args(method, name)
+        method.set_defaults(func=func)
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
     try:
         args = ap.parse_args(argv)
     except SystemExit as exit:  # argparse's refusals (exit 2) and --help (0), as a return code

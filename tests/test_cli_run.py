@@ -68,3 +68,19 @@ def test_run_rr_end_to_end_and_resume(smollm2_dir, tmp_path, capsys, monkeypatch
     assert main(argv) == 0
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
     assert "already done" in capsys.readouterr().out
+
+
+def test_run_lists_every_method_and_keeps_the_round_robin_flags(no_loading, capsys):
+    from byzantium.cli import parser
+    assert main(["run", "--help"]) == 0
+    listing = capsys.readouterr().out
+    assert all(m in listing for m in ("maj", "rrmaj", "sac", "cpwbft"))
+    args = parser().parse_args(["run", "rrmaj", "--agents", "5", "--corrupt", "3", "--chunk", "32", "--trajectories",
+                                "5", "--max-len", "128", "--attack", "moderate", "--model", "m", "--backend", "hf",
+                                "--task", "gen-track", "--limit", "2", "--seed", "1", "--temperature", "0.5",
+                                "--out", "o", "--concurrency", "3", "--device", "cpu", "--dtype", "float32",
+                                "--no-progress"])
+    assert (args.method, args.agents, args.corrupt, args.chunk, args.trajectories, args.max_len, args.attack) == \
+        ("rrmaj", 5, 3, 32, 5, 128, "moderate")
+    assert main(["run", "sac", "--corrupt", "1"]) == 2  # each method has its own flags
+    assert "--corrupt" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from .chat import plain_text_ids, render_chat
 from .kv_cache import BlockManager, allocate_kv_cache
 from .loader import iter_safetensors, load_tokenizer, resolve_model
 from .models.llama import LlamaForCausalLM, architecture_of, rope_tables
+from ..kernels import cpu_gemv
 from .models.packed import pack_linears, packing_available
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample
@@ -70,7 +71,7 @@ def _positive(name, value):
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
                  max_batch_tokens=None, attention_backend="auto", max_model_len=None, kv_cache_gib=None,
-                 cpu_packed_linears=True):
+                 cpu_packed_linears=True, cpu_small_batch_kernel=True):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len"):
             _positive(name, locals()[name])
         self.device = resolve_device(device)
@@ -82,6 +83,7 @@ class Engine:
         self.config, self.model_dir = config, model_dir
         self.tokenizer = load_tokenizer(model_dir)
         self.cpu_packed_linears = cpu_packed_linears  # fp32 on CPU: oneDNN-prepacked weights (models/packed.py)
+        self.cpu_small_batch_kernel = cpu_small_batch_kernel  # and batch 1..4 through kernels/cpu_gemv
         self.model = self._load_model(config, model_dir)
 
         context = config.max_position_embeddings
@@ -113,7 +115,7 @@ class Engine:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_weights(iter_safetensors(model_dir))
         if self.cpu_packed_linears and packing_available(self.device, self.dtype):
-            pack_linears(model)
+            pack_linears(model, cpu_gemv.load() if self.cpu_small_batch_kernel else None)
         return model.eval()
 
     def _default_num_blocks(self, kv_cache_gib):

@@ -13,6 +13,7 @@ import re
 from ..engine.sampling import SamplingParams
 from ..tasks import normalize_answer
 from . import prompts
+from .byzantine import prepare_adversaries
 
 SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
 CONVERGENCE = 0.1
@@ -79,7 +80,10 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
     nbrs = {a.id: sorted(graph.neighbors(a.id)) for a in agents}
     rounds, decision = [], (None, 0.0)
     for t in range(1, T + 1):
-        outs = await asyncio.gather(*(a.llm.chat(prompts.cpwbft_solve(task), solve_params) for a in honest))
+        # Decoy adversaries write their answers alongside the first solves (later rounds: nothing to do).
+        outs, _ = await asyncio.gather(
+            asyncio.gather(*(a.llm.chat(prompts.cpwbft_solve(task), solve_params) for a in honest)),
+            prepare_adversaries(agents))
         solved = {a.id: (a.adversary.answer, a.adversary.confidence) for a in agents if not a.honest}
         text = {}
         for a, out in zip(honest, outs):
@@ -107,4 +111,5 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
             "T": T, "rounds_run": len(rounds) - 1, "decision": decision[0],
             "decision_confidence": decision[1], "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],
+            "adversaries": [{"id": a.id, **a.adversary.record()} for a in agents if not a.honest],
             "rounds": rounds}

@@ -10,9 +10,17 @@ Per instance:
     acc[group][t]  accuracy of "strong", "weak", "honest" agents at round t
 Every comparison and every vote goes through the tasks' `normalize_answer` / `is_correct` (the
 reference's RA used strict string equality while the others normalised). Plurality ties go to the
-answer seen first in agent order. `summarize` averages over instances and counts parse failures.
+answer seen first in agent order. `summarize` averages over instances and counts, rather than hides,
+what fell back: answers that did not parse, scores that fell back to 0.5 (no `Score:`) or 0.0 (the
+call raised), refinements that did not parse, CP-WBFT solves without `Confidence:` (read as 0.0), and
+decoy adversaries that fell back to the fixed wrong answer.
 """
 from ..tasks import is_correct, normalize_answer
+from .cpwbft import _CONF, _THINK
+
+# Failure counts summed over instances (every one is also in each instance's metrics).
+COUNTS = ("answer_parse_failures", "score_failures", "score_errors", "refine_parse_failures",
+          "confidence_missing", "decoy_fallbacks")
 
 GROUPS = ("strong", "weak", "honest", "all")
 
@@ -58,14 +66,23 @@ def instance_metrics(record) -> dict:
     gold, kind = record["gold"], record["kind"]
     iaa, faa = accuracy(record, 0), accuracy(record, last)
     honest = _members(record, "honest")
+    states = [a for r in record["rounds"] for a in r["agents"]]
     out = {"IAA": iaa, "FAA": faa, "BFTI": faa - iaa,
            "RA": float(is_correct(plurality(_answers(record, last, _members(record, "all")), kind), gold, kind)),
            "H-Majority": float(is_correct(plurality(_answers(record, last, honest), kind), gold, kind)),
            "acc": {g: [accuracy(record, t, g) for t in range(last + 1)] for g in GROUPS},
-           "answer_parse_failures": sum(a.get("answer") is None for r in record["rounds"] for a in r["agents"]),
-           "score_failures": sum(a.get("score_failures", 0) for r in record["rounds"] for a in r["agents"])}
+           "answer_parse_failures": sum(a.get("answer") is None for a in states),
+           "score_failures": sum(a.get("score_failures", 0) for a in states),
+           "score_errors": sum(len(a.get("score_errors") or ()) for a in states),
+           "refine_parse_failures": sum(a.get("refine_parsed") is False for a in states),
+           "confidence_missing": 0,
+           "decoy_fallbacks": sum(bool(x.get("fell_back")) for x in record.get("adversaries", ()))}
     if record.get("protocol") == "cpwbft":
         out["decision_correct"] = float(is_correct(record.get("decision"), gold, kind))
+        out["rounds_run"] = record.get("rounds_run", last)
+        # rounds[t >= 1] hold each round's fresh solve texts (round 0 repeats round 1's).
+        out["confidence_missing"] = sum(a.get("text") is not None and not _CONF.search(_THINK.sub("", a["text"]))
+                                        for r in record["rounds"][1:] for a in r["agents"])
     return out
 
 
@@ -81,12 +98,14 @@ def summarize(records) -> dict:
     if not ms:
         return {"instances": 0}
     out = {"instances": len(ms)}
-    for key in ("IAA", "FAA", "BFTI", "RA", "H-Majority", "decision_correct"):
+    for key in ("IAA", "FAA", "BFTI", "RA", "H-Majority", "decision_correct", "rounds_run"):
         if any(key in m for m in ms):
             out[key] = _mean([m.get(key) for m in ms])
     rounds = max(len(m["acc"]["all"]) for m in ms)
     out["acc"] = {g: [_mean([m["acc"][g][min(t, len(m["acc"][g]) - 1)] for m in ms]) for t in range(rounds)]
                   for g in GROUPS}
-    for key in ("answer_parse_failures", "score_failures"):
-        out[key] = sum(m[key] for m in ms)
+    # The paper's "before -> after" per group: round 0 and the last round.
+    out["group_accuracy"] = {g: {"before": out["acc"][g][0], "after": out["acc"][g][-1]} for g in GROUPS}
+    for key in COUNTS:
+        out[key] = sum(m.get(key, 0) for m in ms)
     return out

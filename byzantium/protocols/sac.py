@@ -13,8 +13,9 @@
     computed with its own model when that answer was produced, so an unchanged answer is not re-scored.
 
 Only final answer strings travel between agents. Adversaries do not run the protocol; they send
-`Adversary.message(receiver, t)`. All scoring calls of a phase are issued at once (asyncio.gather), so
-the engine batches them together with those of every other instance in flight.
+`Adversary.message(receiver, t)` (a decoy first writes its answer, alongside round 0's solves). All
+scoring calls of a phase are issued at once (asyncio.gather), so the engine batches them together with
+those of every other instance in flight.
 """
 import asyncio
 import math
@@ -22,6 +23,7 @@ import re
 
 from ..engine.sampling import SamplingParams
 from . import prompts
+from .byzantine import prepare_adversaries
 
 SCORE_MODES = ("generate", "logprob")
 LOGPROB_KINDS = ("yes", "digit")
@@ -99,8 +101,9 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
     honest = [a for a in agents if a.honest]
     nbrs = {a.id: sorted(graph.neighbors(a.id)) for a in agents}
 
-    # Round 0: answer, then self-score.
-    outs = await asyncio.gather(*(a.llm.chat(prompts.solve(task), solve_params) for a in honest))
+    # Round 0: answer, then self-score. Decoy adversaries write their answers alongside (one batch).
+    outs, _ = await asyncio.gather(asyncio.gather(*(a.llm.chat(prompts.solve(task), solve_params) for a in honest)),
+                                   prepare_adversaries(agents))
     answer = {a.id: a.adversary.answer for a in agents if not a.honest}
     text = {}
     for a, out in zip(honest, outs):
@@ -161,6 +164,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
     return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.gold, "F": F, "T": T,
             "score_mode": score_mode, "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],
+            "adversaries": [{"id": a.id, **a.adversary.record()} for a in agents if not a.honest],
             "rounds": rounds}
 
 

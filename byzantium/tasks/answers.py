@@ -3,11 +3,15 @@
     extract_answer(text, kind, choices)  model output -> the answer it states (or None)
     normalize_answer(answer, kind)       answer -> canonical string, equal for equivalent answers
                                          ("1/2", "\\frac{1}{2}", "0.5" -> "0.5"); used for votes
-    is_correct(predicted, gold, kind)    equivalence; canonical equality implies correctness
+    is_correct(predicted, gold, kind)    equivalence; canonical equality implies correctness;
+                                         `gold` may be a list of accepted answers (CIAR)
 
 Kinds: "number" (GSM8K), "math" (MATH: LaTeX, sympy equivalence), "choice" (a letter),
 "bool" (yes/no), "text" (normalised string), "code" (normalised source; execution-based
-checking belongs to a sandbox, not here).
+checking belongs to a sandbox, not here), "verdict" (a pairwise judgement of two assistants:
+"win" = Assistant 1 is better, "lose" = Assistant 2 is better, "tie"), "translation" (a sentence;
+extracted and normalised here, but scored by BLEU/chrF in `resilience.score_output`, so
+`is_correct` refuses it).
 
 LaTeX is turned into sympy-parsable text by a small converter (sympy's own LaTeX parser needs
 an exact antlr4 runtime version); only whitelisted names reach `parse_expr`, and every sympy call
@@ -21,7 +25,8 @@ import string
 import threading
 from fractions import Fraction
 
-KINDS = ("number", "math", "choice", "bool", "text", "code")
+KINDS = ("number", "math", "choice", "bool", "text", "code", "verdict", "translation")
+VERDICTS = ("win", "lose", "tie")
 LETTERS = "ABCDEFGHIJ"
 SYMPY_SECONDS = 2.0
 REL_TOL = 1e-6
@@ -42,6 +47,10 @@ def extract_answer(text, kind, choices=None):
         return _extract_choice(text, choices)
     if kind == "bool":
         return _extract_bool(text)
+    if kind == "verdict":
+        return _extract_verdict(text)
+    if kind == "translation":
+        return _extract_translation(text)
     cand = last_boxed(text)
     if cand is None:
         cand = _answer_line(text)
@@ -175,6 +184,67 @@ def _extract_bool(text):
     return _BOOL[hits[-1].lower()] if hits else None
 
 
+# Pairwise judgements. Markers that introduce a verdict; "answer" alone is not one ("Assistant 1's
+# answer is more detailed" is not a verdict).
+_VERDICT_MARK = re.compile(r"(?i)\b(?:(?:final\s+)?verdict|decision|judge?ment|winner|final\s+answer|conclusion"
+                           r"|the\s+better\s+(?:assistant|answer|response)(?:\s+is)?)\b\s*(?:is\b|:|=|-)?\s*")
+_WHO = r"(?:assistant|answer|response|output)"
+_VERDICT_WORDS = [
+    ("tie", re.compile(r"(?i)\b(?:tie|tied|draw|equal|equally)\b")),
+    ("win", re.compile(rf"(?i)\b{_WHO}\s*(?:1|one|a)\b|\bfirst\b|\bwins?\b|^\W*(?:1|a)\W*$")),
+    ("lose", re.compile(rf"(?i)\b{_WHO}\s*(?:2|two|b)\b|\bsecond\b|\blose[sr]?\b|^\W*(?:2|b)\W*$")),
+]
+
+
+def _verdict_in(s):
+    """The verdict a short segment states: the one whose word comes first in it."""
+    found = [(m.start(), v) for v, rx in _VERDICT_WORDS for m in [rx.search(s)] if m]
+    return min(found)[1] if found else None
+
+
+def _extract_verdict(text):
+    """The verdict in a judge's output, tried in this order: the segment after the last verdict
+    marker ("Verdict: Assistant 1"); MT-Bench's [[A]] / [[B]] / [[C]]; FairEval's first line of two
+    scores ("8 7": the higher wins); a sentence "Assistant 2 is better" or "it is a tie"; a reply
+    of a few words ("Assistant 1", "tie"). None when nothing clear is stated."""
+    for m in reversed(list(_VERDICT_MARK.finditer(text))):
+        rest = text[m.end():].lstrip()
+        got = _verdict_in(re.split(r"[\n.;]", rest, maxsplit=1)[0]) if rest else None
+        if got:
+            return got
+    brackets = re.findall(r"\[\[\s*([ABC12]|tie)\s*\]\]", text, flags=re.I)
+    if brackets:
+        return {"a": "win", "1": "win", "b": "lose", "2": "lose"}.get(brackets[-1].lower(), "tie")
+    first = text.strip().split("\n")[0] if text.strip() else ""
+    scores = re.fullmatch(r"\W*(\d+(?:\.\d+)?)(?:\s*/\s*10)?\s*[,\s]\s*(\d+(?:\.\d+)?)(?:\s*/\s*10)?\W*", first)
+    if scores:
+        a, b = float(scores.group(1)), float(scores.group(2))
+        return "win" if a > b else "lose" if a < b else "tie"
+    said = [(m.start(), "win" if m.group(1) in ("1", "one") else "lose") for m in re.finditer(
+        rf"(?i)\b{_WHO}\s*(1|2|one|two)\b(?:(?!{_WHO}\s*(?:1|2|one|two)\b)[^.\n]){{0,80}}?"
+        r"\b(?:is|was|does|did|performs?|performed)\s+"
+        r"(?:\w+\s+){0,2}(?:better|superior|the\s+(?:winner|better\s+one)|preferable|preferred)\b", text)]
+    said += [(m.start(), "tie") for m in re.finditer(
+        r"(?i)\b(?:it(?:'s|\s+is)\s+a\s+tie|a\s+tie\b|(?:are|performed|did)\s+equally\s+(?:well|good|helpful))", text)]
+    if said:
+        return max(said)[1]
+    if len(text.split()) <= 4:
+        return _verdict_in(text)
+    return None
+
+
+def _extract_translation(text):
+    """The translation in a model's output: the first non-empty line after the last
+    "Translation:" / "English:" marker, else the first non-empty line."""
+    hits = list(re.finditer(r"(?i)\btranslation\b[^:\n]{0,40}:|\benglish\s*:", text))
+    rest = text[hits[-1].end():] if hits else text
+    for line in rest.splitlines():
+        line = line.strip().strip("*").strip().strip('"“”').strip()
+        if line:
+            return line
+    return None
+
+
 # ---------------------------------------------------------------------------------- normalisation
 
 def normalize_answer(answer, kind):
@@ -188,8 +258,11 @@ def normalize_answer(answer, kind):
         return m.group(1).upper() if m else None
     if kind == "bool":
         return _BOOL.get(_clean(a).lower().replace("not entailment", "not_entailment"))
-    if kind == "text":
+    if kind in ("text", "translation"):
         return _text_norm(a) or None
+    if kind == "verdict":
+        a = _clean(a).lower()
+        return a if a in VERDICTS else _verdict_in(a)
     if kind == "code":
         return "\n".join(line.rstrip() for line in a.strip().splitlines()) or None
     if kind == "number":
@@ -289,8 +362,17 @@ def _canon_expr(expr):
 # ---------------------------------------------------------------------------------- the one check
 
 def is_correct(predicted, gold, kind):
-    """True when `predicted` (an extracted answer) is equivalent to `gold` for this kind."""
+    """True when `predicted` (an extracted answer) is equivalent to `gold` for this kind. `gold`
+    may be a list of accepted answers (CIAR's): any one matches. People wrote those lists, and
+    their decimals are rounded ("0.67" for 2/3), so a more precise number that rounds to an
+    accepted decimal of two or more places counts too."""
     _check_kind(kind)
+    if kind == "translation":
+        raise ValueError("translations are scored by BLEU/chrF (byzantium.tasks.resilience.score_output), "
+                         "not by is_correct")
+    if isinstance(gold, (list, tuple)):
+        return any(is_correct(predicted, g, kind) or (kind in ("number", "math") and _rounds_to(predicted, g))
+                   for g in gold)
     if predicted is None or gold is None:
         return False
     p, g = normalize_answer(predicted, kind), normalize_answer(gold, kind)
@@ -298,9 +380,24 @@ def is_correct(predicted, gold, kind):
         return False
     if p == g:
         return True
-    if kind in ("choice", "bool", "text", "code"):
+    if kind in ("choice", "bool", "text", "code", "verdict"):
         return False
     return _math_equal(strip_math(predicted), strip_math(gold))
+
+
+def _rounds_to(predicted, accepted):
+    """Does a plain decimal with more places round to `accepted` ("0.6667" -> "0.67", "9.0909%" ->
+    "9.09%")? Percent signs must agree."""
+    if predicted is None or accepted is None:
+        return False
+    p, a = str(predicted).strip(), str(accepted).strip()
+    dec = re.fullmatch(r"-?\d+\.(\d+)%?", a)
+    pdec = re.fullmatch(r"-?\d+\.(\d+)%?", p)
+    if not dec or not pdec or len(dec.group(1)) < 2 or len(pdec.group(1)) <= len(dec.group(1)):
+        return False
+    if p.endswith("%") != a.endswith("%"):
+        return False
+    return round(Fraction(p.rstrip("%")), len(dec.group(1))) == Fraction(a.rstrip("%"))
 
 
 def _math_equal(a, b):

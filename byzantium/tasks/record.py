@@ -2,14 +2,16 @@
 
 from dataclasses import dataclass, field
 
-from .answers import KINDS, LETTERS, extract_answer, is_correct
+from .answers import KINDS, LETTERS, VERDICTS, extract_answer, is_correct
 
 
 @dataclass
 class Task:
     """One problem. `gold` is the canonical gold answer: a letter for "choice", "yes"/"no" for
-    "bool", the final answer string otherwise. `question` never contains the options; `prompt()`
-    renders them as lettered lines the way BBH does."""
+    "bool", "win"/"lose"/"tie" for "verdict", the final answer string otherwise (for a task with
+    several accepted answers, metadata["accepted"] lists them all and `check` accepts any).
+    `question` never contains the options; `prompt()` renders them as lettered lines the way BBH
+    does."""
     id: str
     question: str
     choices: list | None
@@ -25,6 +27,8 @@ class Task:
                 raise ValueError(f"task {self.id}: a choice task needs 1..{len(LETTERS)} choices")
             if self.gold not in self.letters:
                 raise ValueError(f"task {self.id}: gold {self.gold!r} is not one of {self.letters}")
+        if self.kind == "verdict" and self.gold not in VERDICTS:
+            raise ValueError(f"task {self.id}: a verdict's gold must be one of {VERDICTS}, got {self.gold!r}")
         if self.gold is None or str(self.gold).strip() == "":
             raise ValueError(f"task {self.id}: no gold answer")
 
@@ -44,4 +48,4 @@ class Task:
 
     def check(self, text) -> bool:
         """Is this model output's stated answer correct? (extract, then the one `is_correct`)."""
-        return is_correct(self.extract(text), self.gold, self.kind)
+        return is_correct(self.extract(text), self.metadata.get("accepted") or self.gold, self.kind)

@@ -8,6 +8,8 @@ after packing, so memory does not double.
 import torch
 from torch import nn
 
+from ...kernels.cpu_gemv import MAX_ROWS
+
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
 
 
@@ -23,20 +25,25 @@ def packing_available(device, dtype):
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear):
+    def __init__(self, linear, small=None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT))
         self.bias = None if linear.bias is None else linear.bias.detach()
+        self.small = small  # kernels/cpu_gemv: small batches straight from the row-major weight
+        self.weight = linear.weight.detach() if small is not None else None
 
     def forward(self, x):
+        if self.small is not None and x.shape[0] <= MAX_ROWS:
+            return self.small.small_linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def pack_linears(model):
-    """Replace every nn.Linear of `model` by a PackedLinear (call after the weights are loaded)."""
+def pack_linears(model, small=None):
+    """Replace every nn.Linear of `model` by a PackedLinear (call after the weights are loaded).
+    `small`: the compiled small-batch kernel (kernels.cpu_gemv.load()), which keeps the plain weights too."""
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, PackedLinear(child))
+                setattr(module, child_name, PackedLinear(child, small))
     return model

@@ -1,0 +1,144 @@
+"""AutoInject: corrupt a fraction of the faulty agent's messages, piece by piece, with an LLM.
+
+For each message of the faulty agent:
+    select it with probability Pm;
+    split it losslessly into pieces and separators: lines (code tasks) or sentences (other tasks);
+    choose each non-blank piece with probability Pe;
+    send the chosen pieces to the LLM in ONE request, a JSON object {index: piece}, and ask for a JSON
+    object {index: erroneous version} back;
+    put each returned version in place of its piece, found by its index key (never by key order).
+Nothing chosen: no request. Everything not chosen, and every separator, stays byte for byte. Blank
+pieces and, in code, markdown fence lines (```python) are never chosen.
+
+A piece is rewritten inside its own frame: its leading and trailing whitespace (a code line's
+indentation) stays, the LLM sees and rewrites the rest. So a rewritten code line keeps its indentation
+whatever whitespace the LLM puts around its version, and the further lines of a multi-line version are
+indented by the same amount (the LLM wrote them relative to the unindented line). Indentation errors
+are therefore never injected; every other error is the LLM's to choose.
+
+A reply with no JSON object leaves every chosen piece unchanged ("json": "invalid", counted); a missing
+index, an empty or non-text value, or a version equal to the piece leaves that piece unchanged
+(counted in pieces_unchanged). A number as value counts as its text (the reference dropped numeric
+changes). Choices come from random.Random seeded by sha256 of (seed, task id, message index).
+"""
+import json
+import random
+import re
+
+from ...engine.sampling import SamplingParams
+from .kinds import kind_of
+from .structures import Fault
+from .util import parse_json_object, stable_seed
+
+ERROR_TYPES = ("semantic", "syntactic")
+UNITS = ("line", "sentence")
+PARAMS = SamplingParams(max_tokens=2048, temperature=0.0)
+
+# Separators, captured so that re.split keeps them: [piece, sep, piece, ..., piece] joins back exactly.
+# Sentences end at . ! ? (optionally closed by a quote or bracket) before whitespace, at CJK end marks,
+# and at line breaks. Commas never split: they stay inside their sentence.
+_LINE = re.compile(r"(\r\n|\n|\r)")
+_SENTENCE = re.compile(r"(\s*\n\s*|(?<=[.!?])\s+|(?<=[.!?][\"'”’)\]])\s+|(?<=[。！？])\s*)")
+_FRAME = re.compile(r"(\s*)(.*?)(\s*)\Z", re.S)
+
+INJECT_SYSTEM = (
+    "You help test how multi-agent systems cope with a faulty member by planting errors in the messages "
+    "it sends. You rewrite pieces of a message as instructed and reply with a JSON object only.")
+ERRORS = {
+    "semantic": "a semantic error: it stays well-formed and plausible, but its meaning is wrong (for example "
+                "a changed number, operator, condition, bound, word sense or negation)",
+    "syntactic": "a syntactic error: it becomes malformed while its intent stays recognisable (for example a "
+                 "missing bracket, colon or quote, a misspelt keyword or word, broken grammar or word order)",
+}
+
+
+def split(text: str, unit: str) -> list:
+    """[piece, separator, piece, ..., piece]: pieces at even positions; "".join() gives `text` back."""
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+    return (_LINE if unit == "line" else _SENTENCE).split(text)
+
+
+def _carries_content(piece: str, unit: str) -> bool:
+    # Blank pieces carry nothing; a code fence line is markup: breaking it would break the extraction
+    # of the whole block rather than plant an error in the code.
+    core = piece.strip()
+    return bool(core) and not (unit == "line" and core.startswith("```"))
+
+
+def frame(piece: str):
+    """(leading whitespace, core, trailing whitespace) of a piece."""
+    return _FRAME.match(piece).groups()
+
+
+def reframe(piece: str, version: str) -> str:
+    """`version` in place of the piece's core, inside the piece's whitespace frame."""
+    lead, _, trail = frame(piece)
+    lines = version.strip().split("\n")
+    return lead + "\n".join([lines[0]] + [lead + line if line.strip() else line for line in lines[1:]]) + trail
+
+
+class AutoInject(Fault):
+    name = "autoinject"
+
+    def __init__(self, pm=1.0, pe=0.2, error_type="semantic", seed=0, llm=None, params=None):
+        for label, p in (("pm", pm), ("pe", pe)):
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"{label} must be a probability in [0, 1], got {p!r}")
+        if error_type not in ERROR_TYPES:
+            raise ValueError(f"error type must be one of {ERROR_TYPES}, got {error_type!r}")
+        self.pm, self.pe, self.error_type, self.seed = float(pm), float(pe), error_type, seed
+        self.llm, self.params = llm, params or PARAMS
+        self.stats = {"messages_seen": 0, "messages_selected": 0, "pieces_chosen": 0, "pieces_rewritten": 0,
+                      "pieces_unchanged": 0, "json_failures": 0, "llm_calls": 0}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "pm": self.pm, "pe": self.pe, "error_type": self.error_type, "seed": self.seed}
+
+    async def corrupt_message(self, llm, text, task, index):
+        kind = kind_of(task)
+        rng = random.Random(stable_seed("autoinject", self.seed, task.id, index))
+        self.stats["messages_seen"] += 1
+        record = {"selected": False, "pieces": 0, "chosen": [], "rewritten": [], "json": None, "reply": None}
+        if not rng.random() < self.pm:
+            return text, record
+        self.stats["messages_selected"] += 1
+        parts = split(text, kind.unit)
+        slots = [i for i in range(0, len(parts), 2) if _carries_content(parts[i], kind.unit)]
+        chosen = [k for k in range(len(slots)) if rng.random() < self.pe]
+        record.update(selected=True, pieces=len(slots), chosen=chosen)
+        self.stats["pieces_chosen"] += len(chosen)
+        if not chosen:
+            return text, record
+
+        pieces = {str(k): frame(parts[slots[k]])[1] for k in chosen}
+        self.stats["llm_calls"] += 1
+        out = await llm.chat(self.request(kind, pieces), self.params)
+        record["reply"] = out.text
+        versions = parse_json_object(out.text)
+        record["json"] = "ok" if versions is not None else "invalid"
+        if versions is None:
+            self.stats["json_failures"] += 1
+            versions = {}
+        versions = {str(key).strip(): value for key, value in versions.items()}
+        for k in chosen:
+            version = versions.get(str(k))
+            if isinstance(version, (int, float)) and not isinstance(version, bool):
+                version = str(version)
+            if isinstance(version, str) and version.strip() and version.strip() != pieces[str(k)]:
+                parts[slots[k]] = reframe(parts[slots[k]], version)
+                record["rewritten"].append(k)
+        self.stats["pieces_rewritten"] += len(record["rewritten"])
+        self.stats["pieces_unchanged"] += len(chosen) - len(record["rewritten"])
+        return "".join(parts), record
+
+    def request(self, kind, pieces) -> list:
+        unit = "lines of code" if kind.unit == "line" else "sentences"
+        ask = (f"The message comes from an agent in a team that is {kind.job}. The next message holds a JSON "
+               f"object mapping indices to {unit} taken from it. Rewrite each one so that it contains "
+               f"{ERRORS[self.error_type]}. Make the error subtle and specific to the task; keep each "
+               f"rewrite close to the original in length and style. Reply with only a JSON object with the "
+               f"same keys, each mapped to its rewritten text.")
+        return [{"role": "system", "content": INJECT_SYSTEM},
+                {"role": "user", "content": ask},
+                {"role": "user", "content": json.dumps(pieces, ensure_ascii=False, indent=1), "untrusted": True}]
