@@ -4,11 +4,15 @@
     byzantium generate "prompt" ...     generate for prompts given on the command line
     byzantium run maj|rr|rrmaj ...      MAJ / RR / RRMaj ("The Consensus Trap") over many questions
     byzantium run sac|cpwbft ...        SAC / CP-WBFT ("Robust Multi-Agent LLMs under Byzantine Faults")
+    byzantium run resilience ...        six collaboration systems with a faulty agent, AutoInject/AutoTransform,
+                                        Challenger/Inspector ("On the Resilience of LLM-Based Multi-Agent ...")
 
     byzantium run rrmaj --agents 5 --corrupt 3 --chunk 32 --trajectories 5 --max-len 128 \
         --attack strong --task gen-track --limit 20 --out runs/rrmaj
     byzantium run sac --agents 7 --weak 2 --byzantine 1 --adversary fixed --f 3 --rounds 6 \
         --topology merg --task gen-arith --limit 20 --score-mode logprob --out runs/sac
+    byzantium run resilience --system all --sweep --task humaneval --data HumanEval.jsonl.gz \
+        --fault autoinject --pm 1.0 --pe 0.2 --defense both --limit 20 --out runs/resilience
 
 Each method of `run` is its own sub-command with its own flags. Bad settings are refused (exit code 2,
 a message naming the problem) before any model is loaded.
@@ -294,12 +298,24 @@ def cmd_run_sac(args):
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 
+def resilience_args(ap, method):
+    from .experiments.resilience import add_resilience_args
+    add_resilience_args(ap)
+
+
+def cmd_run_resilience(args):
+    from .experiments.resilience import cmd_resilience
+    cmd_resilience(args)
+
+
 RUN_METHODS = {
     "maj": (run_args, cmd_run, "majority vote of N independent answers (\"The Consensus Trap\")"),
     "rr": (run_args, cmd_run, "token-level round-robin: N agents write one answer, K tokens a turn"),
     "rrmaj": (run_args, cmd_run, "M round-robin trajectories and a plurality vote over them"),
     "sac": (sac_args, cmd_run_sac, "Self-Anchored Consensus on an (F+1)-robust graph with Byzantine agents"),
     "cpwbft": (sac_args, cmd_run_sac, "the CP-WBFT baseline (confidence-weighted local updates)"),
+    "resilience": (resilience_args, cmd_run_resilience,
+                   "a collaboration structure (linear/flat/hierarchical) with a faulty agent and defences"),
 }
 
 

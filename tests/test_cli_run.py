@@ -84,3 +84,14 @@ def test_run_lists_every_method_and_keeps_the_round_robin_flags(no_loading, caps
         ("rrmaj", 5, 3, 32, 5, 128, "moderate")
     assert main(["run", "sac", "--corrupt", "1"]) == 2  # each method has its own flags
     assert "--corrupt" in capsys.readouterr().err
+
+
+def test_run_resilience_is_wired_and_refuses_before_loading(no_loading, capsys, tmp_path):
+    assert main(["run", "--help"]) == 0
+    assert "resilience" in capsys.readouterr().out
+    assert main(["run", "resilience", "--task", "humaneval"]) == 2  # a file task needs --data
+    assert "--data" in capsys.readouterr().err
+    assert main(["run", "resilience", "--system", "camel", "--faulty-role", "nobody", "--out", str(tmp_path)]) == 2
+    assert "nobody" in capsys.readouterr().err
+    assert main(["run", "resilience", "--fault", "autoinject", "--pe", "1.5", "--out", str(tmp_path)]) == 2
+    assert "pe" in capsys.readouterr().err.lower()
