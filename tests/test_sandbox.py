@@ -177,3 +177,9 @@ def test_extract_code_prefers_the_block_that_defines_the_entry_point():
     assert extract_code("```python\ndef f():\n    return 1\n", "f") == "def f():\n    return 1\n"  # unclosed fence
     with pytest.raises(ValueError, match="entry_point"):
         check_humaneval({"prompt": "", "test": ""}, "pass")
+
+
+def test_extract_code_prefers_a_complete_block_to_one_cut_off():
+    text = ("Tested:\n```python\ndef f(x):\n    return x + 1\n```\nOnce more:\n```python\ndef f(x):\n    ret")
+    assert extract_code(text, "f") == "def f(x):\n    return x + 1\n"
+    assert extract_code("```python\ndef f(x):\n    re", "f") == "def f(x):\n    re"  # only a cut-off one: still used

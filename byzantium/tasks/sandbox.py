@@ -164,11 +164,12 @@ def extract_code(text, entry_point=None):
     fenced block); without fences the text itself, from its first line of code when it defines
     `entry_point` after some prose."""
     text = re.sub(r"<think>.*?</think>", "", str(text or ""), flags=re.S)
-    # An unclosed fence (the output was cut off) runs to the end.
-    blocks = re.findall(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", text, flags=re.S)
-    if blocks:
-        defining = [b for b in blocks if entry_point and _defines(b, entry_point)]
-        return (defining or blocks)[-1]
+    # An unclosed fence (the output was cut off) runs to the end; a complete block is preferred to it.
+    found = re.findall(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(```|\Z)", text, flags=re.S)
+    if found:
+        blocks = sorted(found, key=lambda b: b[1] == "```")  # stable: closed blocks last, in order
+        defining = [b for b, _ in blocks if entry_point and _defines(b, entry_point)]
+        return (defining or [b for b, _ in blocks])[-1]
     if entry_point and _defines(text, entry_point):
         m = re.search(r"(?m)^(?:import |from \S+ import |def |class |@)", text)
         return text[m.start():] if m else text
