@@ -10,7 +10,7 @@ from .chat import plain_text_ids, render_chat
 from .kv_cache import BlockManager, allocate_kv_cache
 from .loader import iter_safetensors, load_tokenizer, resolve_model
 from .models.llama import LlamaForCausalLM, architecture_of, rope_tables
-from ..kernels import cpu_gemv
+from ..kernels import cpu_ext
 from .models.packed import pack_linears, packing_available
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample
@@ -83,7 +83,7 @@ class Engine:
         self.config, self.model_dir = config, model_dir
         self.tokenizer = load_tokenizer(model_dir)
         self.cpu_packed_linears = cpu_packed_linears  # fp32 on CPU: oneDNN-prepacked weights (models/packed.py)
-        self.cpu_small_batch_kernel = cpu_small_batch_kernel  # and batch 1..4 through kernels/cpu_gemv
+        self.cpu_small_batch_kernel = cpu_small_batch_kernel  # and small batches through kernels/cpu_gemv.cpp
         self.model = self._load_model(config, model_dir)
 
         context = config.max_position_embeddings
@@ -115,7 +115,7 @@ class Engine:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_weights(iter_safetensors(model_dir))
         if self.cpu_packed_linears and packing_available(self.device, self.dtype):
-            pack_linears(model, cpu_gemv.load() if self.cpu_small_batch_kernel else None)
+            pack_linears(model, cpu_ext.load() if self.cpu_small_batch_kernel else None)
         return model.eval()
 
     def _default_num_blocks(self, kv_cache_gib):

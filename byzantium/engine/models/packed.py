@@ -8,7 +8,7 @@ after packing, so memory does not double.
 import torch
 from torch import nn
 
-from ...kernels.cpu_gemv import MAX_ROWS
+from ...kernels.cpu_ext import MAX_ROWS
 
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
 
@@ -30,7 +30,7 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT))
         self.bias = None if linear.bias is None else linear.bias.detach()
-        self.small = small  # kernels/cpu_gemv: small batches straight from the row-major weight
+        self.small = small  # kernels/cpu_gemv.cpp: small batches straight from the row-major weight
         self.weight = linear.weight.detach() if small is not None else None
 
     def forward(self, x):
@@ -41,7 +41,7 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model, small=None):
     """Replace every nn.Linear of `model` by a PackedLinear (call after the weights are loaded).
-    `small`: the compiled small-batch kernel (kernels.cpu_gemv.load()), which keeps the plain weights too."""
+    `small`: the compiled small-batch kernel (kernels.cpu_ext.load()), which keeps the plain weights too."""
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):

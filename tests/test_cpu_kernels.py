@@ -3,9 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from byzantium.kernels import cpu_gemv
+from byzantium.kernels import cpu_ext
 
-ext = cpu_gemv.load() if cpu_gemv.supported() else None
+ext = cpu_ext.load() if cpu_ext.supported() else None
 pytestmark = pytest.mark.skipif(ext is None, reason="no AVX2 CPU, C++ compiler or ninja: the engine uses oneDNN")
 
 
@@ -46,3 +46,4 @@ def test_engine_uses_it_for_small_batches_only(tiny_llama):
     assert calls == [3]
     off = Engine(tiny_llama[1], num_blocks=64, cpu_small_batch_kernel=False)
     assert off.model.model.layers[0].mlp.down_proj.small is None
+
