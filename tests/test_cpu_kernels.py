@@ -47,3 +47,17 @@ def test_engine_uses_it_for_small_batches_only(tiny_llama):
     off = Engine(tiny_llama[1], num_blocks=64, cpu_small_batch_kernel=False)
     assert off.model.model.layers[0].mlp.down_proj.small is None
 
+
+
+def test_a_model_too_large_for_two_weight_layouts_keeps_one(tiny_llama, monkeypatch):
+    from byzantium import Engine, SamplingParams
+    from byzantium.engine.models import packed
+    prompts = [[5, 6, 7, 8, 9], list(range(10, 40))] * 6  # 12 rows: decode steps above MAX_ROWS too
+    params = SamplingParams(max_tokens=6)
+    both = Engine(tiny_llama[1], num_blocks=64)
+    monkeypatch.setattr(packed, "BOTH_LAYOUTS_BYTES", 0)
+    one = Engine(tiny_llama[1], num_blocks=64)
+    layer = one.model.model.layers[0].mlp.down_proj
+    assert layer.packed is None and layer.weight is not None and layer.small is ext
+    assert both.model.model.layers[0].mlp.down_proj.packed is not None
+    assert [o.token_ids for o in one.generate(prompts, params)] == [o.token_ids for o in both.generate(prompts, params)]
