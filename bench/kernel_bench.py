@@ -7,6 +7,7 @@
 
     PYTHONPATH=. python bench/kernel_bench.py            # CUDA, bf16: prints markdown tables
     PYTHONPATH=. python bench/kernel_bench.py --smoke    # tiny shapes on CPU: checks this script runs
+    PYTHONPATH=. python bench/kernel_bench.py --cpu      # CPU fp32 decode, SmolLM2's heads: torch vs cpu
 
 Qwen3-0.6B's attention shape by default: 16 query heads, 8 KV heads, head_dim 128, block size 16.
 """
@@ -22,6 +23,7 @@ from byzantium.kernels import attention_ops
 DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 8192), (64, 2048), (256, 1024), (256, 4096)]
 PREFILL_SHAPES = [(1, 0, 4096), (8, 0, 1024), (4, 2048, 1024), (32, 1024, 128), (64, 1536, 64)]
 SMOKE_DECODE = [(1, 100), (3, 40)]
+CPU_DECODE = [(1, 176), (8, 176), (32, 176), (32, 1024), (4, 8192)]
 SMOKE_PREFILL = [(1, 0, 33), (2, 20, 7)]
 
 
@@ -174,6 +176,18 @@ def run(device, dtype, smoke=False, backends=("triton",)):
     return sections, copy_gbps
 
 
+def run_cpu(backends=("torch", "cpu")):
+    """Decode attention on the CPU in fp32 with SmolLM2-135M's heads (9 query, 3 KV, head_dim 64)."""
+    device = torch.device("cpu")
+    ops = {name: attention_ops(name, device) for name in backends}
+    rows = decode_rows(ops, CPU_DECODE, torch.float32, device, num_heads=9, num_kv_heads=3, head_dim=64)
+    for row in rows:
+        if "torch us" in row and "cpu us" in row:
+            row["cpu speed-up"] = row["torch us"] / row["cpu us"]
+    return [markdown(rows, f"Paged decode attention on CPU (float32, Hq 9, Hkv 3, D 64, block 16, "
+                           f"{torch.get_num_threads()} threads)")]
+
+
 def dtype_name(dtype):
     return str(dtype).replace("torch.", "")
 
@@ -181,9 +195,12 @@ def dtype_name(dtype):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU with the torch reference")
-    parser.add_argument("--backends", default=None, help="comma-separated: triton,torch,flash_attn")
+    parser.add_argument("--cpu", action="store_true", help="CPU fp32 decode with SmolLM2's heads: torch vs cpu")
+    parser.add_argument("--backends", default=None, help="comma-separated: triton,torch,cpu,flash_attn")
     args = parser.parse_args()
-    if args.smoke:
+    if args.cpu:
+        sections = run_cpu(tuple((args.backends or "torch,cpu").split(",")))
+    elif args.smoke:
         sections, _ = run("cpu", torch.float32, smoke=True, backends=(args.backends or "torch").split(","))
     else:
         sections, _ = run("cuda", torch.bfloat16, backends=(args.backends or "triton,torch").split(","))

@@ -1,4 +1,5 @@
-"""The small-batch CPU linear (kernels/cpu_gemv.cpp) against torch's own linear."""
+"""The compiled CPU kernels against torch: the small-batch linear (cpu_gemv.cpp) against F.linear, the paged
+decode attention (cpu_attention.cpp) against kernels/reference.py."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,6 @@ def test_engine_uses_it_for_small_batches_only(tiny_llama):
     assert off.model.model.layers[0].mlp.down_proj.small is None
 
 
-
 def test_a_model_too_large_for_two_weight_layouts_keeps_one(tiny_llama, monkeypatch):
     from byzantium import Engine, SamplingParams
     from byzantium.engine.models import packed
@@ -61,3 +61,79 @@ def test_a_model_too_large_for_two_weight_layouts_keeps_one(tiny_llama, monkeypa
     assert layer.packed is None and layer.weight is not None and layer.small is ext
     assert both.model.model.layers[0].mlp.down_proj.packed is not None
     assert [o.token_ids for o in one.generate(prompts, params)] == [o.token_ids for o in both.generate(prompts, params)]
+
+
+def paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, seed):
+    """A block pool filled with NaN except the slots the sequences own, in shuffled block order."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (batch,), generator=g, dtype=torch.int32)
+    lengths[0] = max_len
+    width = -(-max_len // block_size)
+    num_blocks = batch * width + 5
+    tables = torch.randperm(num_blocks, generator=g)[:batch * width].view(batch, width).to(torch.int32)
+    k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    v_cache = k_cache.clone()
+    for b, length in enumerate(lengths.tolist()):
+        for pos in range(length):
+            block, offset = tables[b, pos // block_size], pos % block_size
+            k_cache[block, offset] = 3 * torch.randn(num_kv_heads, head_dim, generator=g)
+            v_cache[block, offset] = torch.randn(num_kv_heads, head_dim, generator=g)
+    q = torch.randn(batch, num_heads, head_dim, generator=g)
+    return q, k_cache, v_cache, lengths, tables
+
+
+@pytest.mark.parametrize("batch, num_heads, num_kv_heads, head_dim, block_size, max_len", [
+    (1, 9, 3, 64, 16, 1),      # one token: the softmax of a single score
+    (6, 9, 3, 64, 16, 75),     # SmolLM2's heads, ragged lengths, partial last blocks
+    (5, 4, 4, 32, 1, 23),      # no GQA, one-token blocks
+    (3, 4, 2, 16, 16, 50),     # the tiny test models' head size
+    (4, 8, 2, 128, 32, 130),   # group of 4, head_dim 128
+    (3, 12, 4, 80, 8, 40),
+    (2, 2, 2, 256, 16, 33),
+    (2, 2, 1, 64, 16, 1100),   # long context
+])
+def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head_dim, block_size, max_len):
+    from byzantium.kernels import reference
+    q, k_cache, v_cache, lengths, tables = paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len,
+                                                      seed=batch * 100 + head_dim + max_len)
+    scale = head_dim ** -0.5
+    want = reference.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale)
+    got = ext.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale)
+    assert torch.isfinite(got).all()  # the NaN outside the sequences' slots never leaks
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_bad_calls_and_fallback():
+    from byzantium.kernels import cpu, reference
+    q, k_cache, v_cache, lengths, tables = paged_case(2, 4, 2, 64, 16, 20, seed=1)
+    with pytest.raises(RuntimeError, match="seq_lens out of range"):
+        ext.paged_decode_attention(q, k_cache, v_cache, torch.tensor([20, 33], dtype=torch.int32), tables, 0.1)
+    with pytest.raises(RuntimeError, match="seq_lens out of range"):
+        ext.paged_decode_attention(q, k_cache, v_cache, torch.tensor([0, 3], dtype=torch.int32), tables, 0.1)
+    with pytest.raises(RuntimeError, match="fp32"):
+        ext.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), lengths, tables, 0.1)
+    assert not ext.decode_supported(48)
+    # What the kernel does not cover (a head size, a dtype) goes to the reference through the same call.
+    q48, k48, v48, lengths48, tables48 = paged_case(2, 4, 2, 48, 16, 20, seed=2)
+    torch.testing.assert_close(cpu.paged_decode_attention(q48, k48, v48, lengths48, tables48, 0.2),
+                               reference.paged_decode_attention(q48, k48, v48, lengths48, tables48, 0.2))
+    args = (q.double(), k_cache.double(), v_cache.double(), lengths, tables, 0.1)
+    torch.testing.assert_close(cpu.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+
+
+def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkeypatch):
+    from byzantium import Engine, SamplingParams
+    from byzantium.kernels import cpu
+    engine = Engine(tiny_llama[1], num_blocks=64)
+    torch_backend = Engine(tiny_llama[1], num_blocks=64, attention_backend="torch")
+    assert engine.runner.ops is cpu
+    calls = []
+    real = ext.paged_decode_attention
+    monkeypatch.setattr(cpu.cpu_ext, "load", lambda: type("Spy", (), {
+        "decode_supported": staticmethod(ext.decode_supported),
+        "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))}))
+    prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    got = [o.token_ids for o in engine.generate(prompts, params)]
+    assert calls and max(calls) == len(prompts)
+    assert got == [o.token_ids for o in torch_backend.generate(prompts, params)]

@@ -336,7 +336,11 @@ def test_flash_matches_reference(dtype):
                    dtype)
 
 
-def test_dispatch():
+def test_dispatch(monkeypatch):
+    from byzantium.kernels import cpu, cpu_ext
+    assert attention_ops("auto", "cpu") is (cpu if cpu_ext.load() is not None else reference)
+    assert attention_ops("cpu", "cpu") is cpu
+    monkeypatch.setattr(cpu_ext, "load", lambda: None)  # the CPU kernels could not be built
     assert attention_ops("auto", "cpu") is reference
     assert attention_ops("torch", torch.device("cuda", 0)) is reference
     with pytest.raises(ValueError, match="attention_backend"):

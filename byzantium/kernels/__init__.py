@@ -6,22 +6,30 @@ Every backend module provides the same three functions (see `reference.py` for t
 import importlib
 import importlib.util
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
 
 
 def attention_ops(backend="auto", device="cpu"):
     """Return the module implementing attention for `backend` on `device`.
 
-    auto: Triton on CUDA when triton imports, the torch reference otherwise.
+    auto: Triton on CUDA when triton imports; on the CPU the compiled kernels (cpu.py) when they
+    build, the torch reference otherwise.
     """
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention_backend {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
     device_type = getattr(device, "type", str(device).split(":")[0])
     if backend == "auto":
-        backend = "triton" if device_type == "cuda" and _importable("triton") else "torch"
+        if device_type == "cuda":
+            backend = "triton" if _importable("triton") else "torch"
+        else:
+            from . import cpu
+            backend = "cpu" if device_type == "cpu" and cpu.available() else "torch"
     if backend == "torch":
         from . import reference
         return reference
+    if backend == "cpu":
+        from . import cpu
+        return cpu
     if backend == "triton":
         if not _importable("triton"):
             raise RuntimeError("attention_backend='triton' needs the triton package (pip install triton)")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemv.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemv.cpp", "cpu_attention.cpp")]
 MAX_ROWS = 8  # measured crossover: above ~8 rows oneDNN's blocked GEMM is faster than one pass per weight row
 
 

@@ -1,0 +1,183 @@
+// Paged decode attention for x86 CPUs with AVX2 + FMA, fp32: the contract of
+// reference.paged_decode_attention, reading K/V in place from the block pool.
+//
+// The torch path gathers every sequence's K/V into a fresh tensor each layer and then runs SDPA; at
+// batch 32 the gather alone costs as much as the attention. Here each (sequence, KV head) pair walks its
+// block table once per pass, and the query heads that share the KV head (GQA) reuse the same rows while
+// they sit in cache. Three passes: scores, softmax (vectorised exp), weighted sum of V. Only the first
+// seq_lens[b] slots are read, so whatever the rest of the pool holds (NaN included) cannot leak.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+// exp for x <= 0 (scores minus their max): x = n ln2 + r with |r| <= ln2/2, exp(r) by its degree-6
+// Taylor polynomial (relative error ~1e-7), 2^n put straight into the exponent bits.
+static inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // below this 2^n leaves the normal range; exp is ~0 anyway
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);  // ln2 split in two for exactness
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+static inline float hsum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_hadd_ps(h, h);
+  h = _mm_hadd_ps(h, h);
+  return _mm_cvtss_f32(h);
+}
+
+// The four horizontal sums of a, b, c, d as one 128-bit vector.
+static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+struct Walk {  // where one (sequence, KV head) finds its tokens
+  const float* k;        // k_cache + kv_head * D; slot s at k + s * stride
+  const float* v;
+  const int32_t* table;  // the sequence's block table
+  int64_t length, block_size, stride;
+};
+
+// scores[t] = q . k_t for t < length (q already scaled). DV = head_dim / 8.
+template <int DV>
+static void score_pass(const float* q, const Walk& w, float* scores) {
+  __m256 qv[DV];
+  for (int i = 0; i < DV; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+  for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
+    const int64_t n = std::min(w.block_size, w.length - pos);
+    const float* base = w.k + (int64_t)w.table[blk] * w.block_size * w.stride;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {  // four tokens at once: four independent FMA chains
+      const float* k0 = base + t * w.stride;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int i = 0; i < DV; ++i) {
+        a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 8 * i), a0);
+        a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + w.stride + 8 * i), a1);
+        a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i), a2);
+        a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i), a3);
+      }
+      _mm_storeu_ps(scores + pos + t, hsum4(a0, a1, a2, a3));
+    }
+    for (; t < n; ++t) {
+      const float* kt = base + t * w.stride;
+      __m256 a = _mm256_setzero_ps();
+      for (int i = 0; i < DV; ++i) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kt + 8 * i), a);
+      scores[pos + t] = hsum(a);
+    }
+    pos += n;
+  }
+}
+
+// In place: scores -> exp(scores - max); returns their sum.
+static float softmax_numerators(float* s, int64_t length) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < length; ++t) top = std::max(top, s[t]);
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= length; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), topv));
+    _mm256_storeu_ps(s + t, e);
+    total = _mm256_add_ps(total, e);
+  }
+  float sum = hsum(total);
+  for (; t < length; ++t) sum += (s[t] = std::exp(s[t] - top));
+  return sum;
+}
+
+// out = sum_t p[t] v_t / sum_p.
+template <int DV>
+static void value_pass(const float* p, float sum_p, const Walk& w, float* out) {
+  __m256 acc[DV];
+  for (int i = 0; i < DV; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
+    const int64_t n = std::min(w.block_size, w.length - pos);
+    const float* base = w.v + (int64_t)w.table[blk] * w.block_size * w.stride;
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 weight = _mm256_set1_ps(p[pos + t]);
+      const float* vt = base + t * w.stride;
+      for (int i = 0; i < DV; ++i) acc[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+    }
+    pos += n;
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / sum_p);
+  for (int i = 0; i < DV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+}
+
+template <int DV>
+static void decode(const float* q, const float* kc, const float* vc, const int32_t* lens, const int32_t* tables,
+                   float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t block_size, int64_t table_width,
+                   float scale) {
+  constexpr int D = 8 * DV;
+  const int64_t group = Hq / Hkv;
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, scaled_q(D);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / Hkv, kv_head = item % Hkv;
+      const Walk w{kc + kv_head * D, vc + kv_head * D, tables + b * table_width, lens[b], block_size, Hkv * D};
+      scores.resize(std::max<int64_t>(w.length, 1));
+      for (int64_t g = 0; g < group; ++g) {  // the query heads that read this KV head
+        const int64_t head = kv_head * group + g;
+        const float* qh = q + (b * Hq + head) * D;
+        for (int d = 0; d < D; ++d) scaled_q[d] = qh[d] * scale;
+        score_pass<DV>(scaled_q.data(), w, scores.data());
+        const float sum = softmax_numerators(scores.data(), w.length);
+        value_pass<DV>(scores.data(), sum, w, out + (b * Hq + head) * D);
+      }
+    }
+  });
+}
+
+// The head sizes of the Llama-family models in use (and of the tiny test models).
+bool decode_supported(int64_t head_dim) {
+  for (int64_t d : {16, 32, 64, 80, 96, 128, 256})
+    if (head_dim == d) return true;
+  return false;
+}
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_decode_attention: shapes");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat,
+              "paged_decode_attention: fp32 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode_attention: contiguous cache");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && Hq % Hkv == 0 && decode_supported(D), "paged_decode_attention: head layout");
+  TORCH_CHECK(seq_lens.numel() == B && block_tables.dim() == 2 && block_tables.size(0) == B, "paged_decode_attention: metadata");
+  q = q.contiguous();
+  auto lens = seq_lens.to(at::kInt).contiguous();
+  auto tables = block_tables.to(at::kInt).contiguous();
+  const int32_t* lp = lens.data_ptr<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(lp[b] >= 1 && lp[b] <= tables.size(1) * block_size, "paged_decode_attention: seq_lens out of range");
+  auto out = torch::empty_like(q);
+  const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t width = tables.size(1);
+  switch (D) {
+    case 16: decode<2>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+    case 32: decode<4>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+    case 64: decode<8>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+    case 80: decode<10>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+    case 96: decode<12>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+    case 128: decode<16>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+    default: decode<32>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
+  }
+  return out;
+}
