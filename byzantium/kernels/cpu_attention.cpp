@@ -2,10 +2,10 @@
 // reference.paged_decode_attention, reading K/V in place from the block pool.
 //
 // The torch path gathers every sequence's K/V into a fresh tensor each layer and then runs SDPA; at
-// batch 32 the gather alone costs as much as the attention. Here each (sequence, KV head) pair walks its
-// block table once per pass, and the query heads that share the KV head (GQA) reuse the same rows while
-// they sit in cache. Three passes: scores, softmax (vectorised exp), weighted sum of V. Only the first
-// seq_lens[b] slots are read, so whatever the rest of the pool holds (NaN included) cannot leak.
+// batch 32 the gather alone costs as much as the attention. Here each sequence walks its block table once
+// per pass, and the query heads that share a KV head (GQA) reuse its rows while they sit in cache. Three
+// passes: scores, softmax (vectorised exp), weighted sum of V. Only the first seq_lens[b] slots are read,
+// so whatever the rest of the pool holds (NaN included) cannot leak.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -45,38 +45,45 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-struct Walk {  // where one (sequence, KV head) finds its tokens
-  const float* k;        // k_cache + kv_head * D; slot s at k + s * stride
+// One work item: a sequence's consecutive KV heads first_kv .. first_kv + kv_heads - 1 and the
+// `heads` = kv_heads * group query heads that read them (query head j of the item reads KV head j / group).
+struct Walk {
+  const float* k;        // k_cache + first_kv * D; slot s, KV head h of the item at k + s * stride + h * D
   const float* v;
   const int32_t* table;  // the sequence's block table
-  int64_t length, block_size, stride;
+  int64_t length, block_size, stride, group;
 };
 
-// scores[t] = q . k_t for t < length (q already scaled). DV = head_dim / 8.
+// scores[j][t] = q[j] . k_t for the item's query heads (q already scaled), t < length. Block by block,
+// every head in turn, so each block is read from memory once and in order. DV = head_dim / 8.
 template <int DV>
-static void score_pass(const float* q, const Walk& w, float* scores) {
-  __m256 qv[DV];
-  for (int i = 0; i < DV; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+static void score_pass(const float* q, int64_t heads, const Walk& w, float* scores) {
   for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
     const int64_t n = std::min(w.block_size, w.length - pos);
-    const float* base = w.k + (int64_t)w.table[blk] * w.block_size * w.stride;
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {  // four tokens at once: four independent FMA chains
-      const float* k0 = base + t * w.stride;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int i = 0; i < DV; ++i) {
-        a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 8 * i), a0);
-        a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + w.stride + 8 * i), a1);
-        a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i), a2);
-        a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i), a3);
+    const float* block = w.k + (int64_t)w.table[blk] * w.block_size * w.stride;
+    for (int64_t j = 0; j < heads; ++j) {
+      const float* base = block + (j / w.group) * 8 * DV;
+      __m256 qv[DV];
+      for (int i = 0; i < DV; ++i) qv[i] = _mm256_loadu_ps(q + j * 8 * DV + 8 * i);
+      float* row = scores + j * w.length + pos;
+      int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {  // four tokens at once: four independent FMA chains
+        const float* k0 = base + t * w.stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < DV; ++i) {
+          a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 8 * i), a0);
+          a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + w.stride + 8 * i), a1);
+          a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i), a2);
+          a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i), a3);
+        }
+        _mm_storeu_ps(row + t, hsum4(a0, a1, a2, a3));
       }
-      _mm_storeu_ps(scores + pos + t, hsum4(a0, a1, a2, a3));
-    }
-    for (; t < n; ++t) {
-      const float* kt = base + t * w.stride;
-      __m256 a = _mm256_setzero_ps();
-      for (int i = 0; i < DV; ++i) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kt + 8 * i), a);
-      scores[pos + t] = hsum(a);
+      for (; t < n; ++t) {
+        const float* kt = base + t * w.stride;
+        __m256 a = _mm256_setzero_ps();
+        for (int i = 0; i < DV; ++i) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kt + 8 * i), a);
+        row[t] = hsum(a);
+      }
     }
     pos += n;
   }
@@ -99,23 +106,32 @@ static float softmax_numerators(float* s, int64_t length) {
   return sum;
 }
 
-// out = sum_t p[t] v_t / sum_p.
+// out[j] = sum_t p[j][t] v_t / sums[j]; block by block like score_pass, each head's running sum in acc.
 template <int DV>
-static void value_pass(const float* p, float sum_p, const Walk& w, float* out) {
-  __m256 acc[DV];
-  for (int i = 0; i < DV; ++i) acc[i] = _mm256_setzero_ps();
+static void value_pass(const float* p, const float* sums, int64_t heads, const Walk& w, float* acc, float* out) {
+  std::fill(acc, acc + heads * 8 * DV, 0.0f);
   for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
     const int64_t n = std::min(w.block_size, w.length - pos);
-    const float* base = w.v + (int64_t)w.table[blk] * w.block_size * w.stride;
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 weight = _mm256_set1_ps(p[pos + t]);
-      const float* vt = base + t * w.stride;
-      for (int i = 0; i < DV; ++i) acc[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+    const float* block = w.v + (int64_t)w.table[blk] * w.block_size * w.stride;
+    for (int64_t j = 0; j < heads; ++j) {
+      const float* base = block + (j / w.group) * 8 * DV;
+      __m256 a[DV];
+      for (int i = 0; i < DV; ++i) a[i] = _mm256_loadu_ps(acc + j * 8 * DV + 8 * i);
+      const float* weights = p + j * w.length + pos;
+      for (int64_t t = 0; t < n; ++t) {
+        const __m256 weight = _mm256_set1_ps(weights[t]);
+        const float* vt = base + t * w.stride;
+        for (int i = 0; i < DV; ++i) a[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vt + 8 * i), a[i]);
+      }
+      for (int i = 0; i < DV; ++i) _mm256_storeu_ps(acc + j * 8 * DV + 8 * i, a[i]);
     }
     pos += n;
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / sum_p);
-  for (int i = 0; i < DV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+  for (int64_t j = 0; j < heads; ++j) {
+    const __m256 inv = _mm256_set1_ps(1.0f / sums[j]);
+    for (int i = 0; i < DV; ++i)
+      _mm256_storeu_ps(out + j * 8 * DV + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(acc + j * 8 * DV + 8 * i), inv));
+  }
 }
 
 template <int DV>
@@ -124,25 +140,26 @@ static void decode(const float* q, const float* kc, const float* vc, const int32
                    float scale) {
   constexpr int D = 8 * DV;
   const int64_t group = Hq / Hkv;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, scaled_q(D);
+  // A whole sequence per item reads each of its blocks (all KV heads, contiguous) in one go;
+  // with fewer sequences than about two per thread, one item per KV head instead, to keep threads busy.
+  const int64_t kv_per_item = B >= 2 * at::get_num_threads() ? Hkv : 1, items_per_seq = Hkv / kv_per_item;
+  const int64_t heads = kv_per_item * group;
+  at::parallel_for(0, B * items_per_seq, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, scaled_q(heads * D), acc(heads * D), sums(heads);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / Hkv, kv_head = item % Hkv;
-      const Walk w{kc + kv_head * D, vc + kv_head * D, tables + b * table_width, lens[b], block_size, Hkv * D};
-      scores.resize(std::max<int64_t>(w.length, 1));
-      for (int64_t g = 0; g < group; ++g) {  // the query heads that read this KV head
-        const int64_t head = kv_head * group + g;
-        const float* qh = q + (b * Hq + head) * D;
-        for (int d = 0; d < D; ++d) scaled_q[d] = qh[d] * scale;
-        score_pass<DV>(scaled_q.data(), w, scores.data());
-        const float sum = softmax_numerators(scores.data(), w.length);
-        value_pass<DV>(scores.data(), sum, w, out + (b * Hq + head) * D);
-      }
+      const int64_t b = item / items_per_seq, first_kv = (item % items_per_seq) * kv_per_item;
+      const Walk w{kc + first_kv * D, vc + first_kv * D, tables + b * table_width, lens[b], block_size, Hkv * D, group};
+      // The item's query heads are consecutive: first_kv * group .. + heads - 1.
+      const int64_t first_head = b * Hq + first_kv * group;
+      for (int64_t d = 0; d < heads * D; ++d) scaled_q[d] = q[first_head * D + d] * scale;
+      scores.resize(heads * w.length);
+      score_pass<DV>(scaled_q.data(), heads, w, scores.data());
+      for (int64_t j = 0; j < heads; ++j) sums[j] = softmax_numerators(scores.data() + j * w.length, w.length);
+      value_pass<DV>(scores.data(), sums.data(), heads, w, acc.data(), out + first_head * D);
     }
   });
 }
 
-// The head sizes of the Llama-family models in use (and of the tiny test models).
 bool decode_supported(int64_t head_dim) {
   for (int64_t d : {16, 32, 64, 80, 96, 128, 256})
     if (head_dim == d) return true;
