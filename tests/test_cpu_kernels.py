@@ -1,4 +1,4 @@
-"""The compiled CPU kernels against torch: the small-batch linear (cpu_gemv.cpp) against F.linear, the paged
+"""The compiled CPU kernels against torch: the panel linear (cpu_gemm.cpp) against F.linear, the paged
 decode attention (cpu_attention.cpp) against kernels/reference.py."""
 import pytest
 import torch
@@ -10,57 +10,57 @@ ext = cpu_ext.load() if cpu_ext.supported() else None
 pytestmark = pytest.mark.skipif(ext is None, reason="no AVX2 CPU, C++ compiler or ninja: the engine uses oneDNN")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 32])
-@pytest.mark.parametrize("k, n", [(64, 128), (576, 960), (37, 5), (1536, 576), (16, 1)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 97])
+@pytest.mark.parametrize("k, n", [(64, 128), (576, 960), (37, 5), (1536, 576), (16, 1), (8, 33)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_torch_linear(rows, k, n, bias):
+def test_panel_linear_matches_torch_linear(rows, k, n, bias):
     g = torch.Generator().manual_seed(rows * 1000 + k + n)
     x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
-    got = ext.small_linear(x, w, b)
+    panels = ext.pack_panels(w)
+    assert panels.shape == (-(-n // 16), k, 16)
+    padded = None if b is None else torch.cat([b, b.new_zeros(panels.shape[0] * 16 - n)])
+    got = ext.panel_linear(x, panels, padded, n)
     assert got.shape == (rows, n)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
-def test_non_contiguous_input_and_bad_calls():
+def test_panel_linear_non_contiguous_input_and_bad_calls():
     x = torch.randn(8, 64)[::2]  # rows 0, 2, 4, 6: a strided view
     w = torch.randn(32, 64)
-    torch.testing.assert_close(ext.small_linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    panels = ext.pack_panels(w)
+    torch.testing.assert_close(ext.panel_linear(x, panels, None, 32), F.linear(x, w), rtol=1e-5, atol=1e-4)
     with pytest.raises(RuntimeError, match="no rows"):
-        ext.small_linear(torch.randn(0, 64), w, None)
+        ext.panel_linear(torch.randn(0, 64), panels, None, 32)
     with pytest.raises(RuntimeError, match="fp32"):
-        ext.small_linear(torch.randn(1, 64, dtype=torch.float64), w.double(), None)
+        ext.panel_linear(torch.randn(1, 64, dtype=torch.float64), panels, None, 32)
+    with pytest.raises(RuntimeError, match="N does not match"):
+        ext.panel_linear(torch.randn(1, 64), panels, None, 33)
+    with pytest.raises(RuntimeError, match="bias"):
+        ext.panel_linear(torch.randn(1, 64), panels, torch.randn(30), 30)
 
 
-def test_engine_uses_it_for_small_batches_only(tiny_llama):
-    from byzantium import Engine
+def test_engine_packs_its_linears_into_panels(tiny_llama):
+    from byzantium import Engine, SamplingParams
     from byzantium.engine.models.packed import PackedLinear
     engine = Engine(tiny_llama[1], num_blocks=64)
     layer = engine.model.model.layers[0].mlp.down_proj
-    assert isinstance(layer, PackedLinear) and layer.small is ext
-    calls = []
-    real = ext.small_linear
-    layer.small = type("Spy", (), {"small_linear": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))})
+    assert isinstance(layer, PackedLinear) and layer.kernels is ext and layer.packed.dim() == 3
     x = torch.randn(3, layer.in_features)
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
-    layer(torch.randn(9, layer.in_features))  # a prefill-sized batch goes to oneDNN
-    assert calls == [3]
-    off = Engine(tiny_llama[1], num_blocks=64, cpu_small_batch_kernel=False)
-    assert off.model.model.layers[0].mlp.down_proj.small is None
-
-
-def test_a_model_too_large_for_two_weight_layouts_keeps_one(tiny_llama, monkeypatch):
-    from byzantium import Engine, SamplingParams
-    from byzantium.engine.models import packed
-    prompts = [[5, 6, 7, 8, 9], list(range(10, 40))] * 6  # 12 rows: decode steps above MAX_ROWS too
-    params = SamplingParams(max_tokens=6)
-    both = Engine(tiny_llama[1], num_blocks=64)
-    monkeypatch.setattr(packed, "BOTH_LAYOUTS_BYTES", 0)
-    one = Engine(tiny_llama[1], num_blocks=64)
-    layer = one.model.model.layers[0].mlp.down_proj
-    assert layer.packed is None and layer.weight is not None and layer.small is ext
-    assert both.model.model.layers[0].mlp.down_proj.packed is not None
-    assert [o.token_ids for o in one.generate(prompts, params)] == [o.token_ids for o in both.generate(prompts, params)]
+    plain = Engine(tiny_llama[1], num_blocks=64, cpu_packed_linears=False)
+    reference = plain.model.model.layers[0].mlp.down_proj
+    assert isinstance(reference, torch.nn.Linear)
+    torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
+    # Without the compiled kernels: oneDNN's packing and the torch attention, the same tokens.
+    off = Engine(tiny_llama[1], num_blocks=64, cpu_kernels=False)
+    assert off.model.model.layers[0].mlp.down_proj.kernels is None
+    from byzantium.kernels import reference as torch_attention
+    assert off.runner.ops is torch_attention
+    prompts = [[5, 6, 7, 8, 9], list(range(10, 40))] * 6  # 12 rows
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in engine.generate(prompts, params)] == want
+    assert [o.token_ids for o in off.generate(prompts, params)] == want
 
 
 def paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, seed):

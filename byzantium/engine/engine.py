@@ -71,7 +71,7 @@ def _positive(name, value):
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
                  max_batch_tokens=None, attention_backend="auto", max_model_len=None, kv_cache_gib=None,
-                 cpu_packed_linears=True, cpu_small_batch_kernel=True):
+                 cpu_packed_linears=True, cpu_kernels=True):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len"):
             _positive(name, locals()[name])
         self.device = resolve_device(device)
@@ -82,8 +82,10 @@ class Engine:
         architecture_of(config)  # unsupported models fail before the weights are read
         self.config, self.model_dir = config, model_dir
         self.tokenizer = load_tokenizer(model_dir)
-        self.cpu_packed_linears = cpu_packed_linears  # fp32 on CPU: oneDNN-prepacked weights (models/packed.py)
-        self.cpu_small_batch_kernel = cpu_small_batch_kernel  # and small batches through kernels/cpu_gemv.cpp
+        self.cpu_packed_linears = cpu_packed_linears  # fp32 on CPU: repacked weights (models/packed.py)
+        # fp32 on CPU: Byzantium's compiled kernels (kernels/cpu_ext.py) for the linears and decode
+        # attention; off, or when they cannot be built: oneDNN-prepacked weights and the torch reference.
+        self.cpu_kernels = cpu_kernels
         self.model = self._load_model(config, model_dir)
 
         context = config.max_position_embeddings
@@ -99,6 +101,8 @@ class Engine:
                                           self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
         self.block_manager = BlockManager(self.num_blocks, block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.max_batch_tokens)
+        if attention_backend == "auto" and not cpu_kernels and self.device.type == "cpu":
+            attention_backend = "torch"
         self.runner = ModelRunner(self.model, self.kv_cache, block_size, self.device, attention_backend)
         self.eos_token_ids = self._eos_ids(model_dir)
         self._stats = EngineStats()
@@ -114,8 +118,10 @@ class Engine:
         if model.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_weights(iter_safetensors(model_dir))
-        if self.cpu_packed_linears and packing_available(self.device, self.dtype):
-            pack_linears(model, cpu_ext.load() if self.cpu_small_batch_kernel else None)
+        if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype == torch.float32:
+            kernels = cpu_ext.load() if self.cpu_kernels else None
+            if kernels is not None or packing_available(self.device, self.dtype):
+                pack_linears(model, kernels)
         return model.eval()
 
     def _default_num_blocks(self, kv_cache_gib):

@@ -1,10 +1,13 @@
 """Byzantium's CPU kernels (fp32, AVX2): compiled once per machine and torch version, then cached.
 
     ext = load()            # None when it cannot be had: no AVX2, no C++ compiler, a failed build
-    y = ext.small_linear(x, weight, bias)   # cpu_gemv.cpp: x [M, K]; the engine calls it for M <= MAX_ROWS
+    panels = ext.pack_panels(weight)                  # cpu_gemm.cpp: the linears (engine/models/packed.py)
+    y = ext.panel_linear(x, panels, bias, weight.shape[0])
+    out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp
 
-The build (~30-60 s on 2 cores) goes to `$BYZANTIUM_CACHE/ext` (default ~/.cache/byzantium/ext); later
-processes load the built library in well under a second. Callers fall back to oneDNN when it is None.
+The build (1-2 minutes on 2 cores) goes to `$BYZANTIUM_CACHE/ext` (default ~/.cache/byzantium/ext); later
+processes load the built library in well under a second. When it is None the engine uses oneDNN for the
+linears and the torch reference for attention.
 """
 import functools
 import hashlib
@@ -15,8 +18,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemv.cpp", "cpu_attention.cpp")]
-MAX_ROWS = 8  # measured crossover: above ~8 rows oneDNN's blocked GEMM is faster than one pass per weight row
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp")]
 
 
 def supported() -> bool:
@@ -41,7 +43,7 @@ def load():
         from torch.utils.cpp_extension import load as build
         return build(name=f"byzantium_cpu_{digest}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
-    except Exception as error:  # noqa: BLE001 - any build failure means: use oneDNN instead
+    except Exception as error:  # noqa: BLE001 - any build failure means: use the fallbacks
         warnings.warn(f"byzantium: the CPU kernels could not be built ({type(error).__name__}: "
-                      f"{str(error)[:200]}); using oneDNN for every batch size", RuntimeWarning, stacklevel=2)
+                      f"{str(error)[:200]}); using oneDNN and the torch attention instead", RuntimeWarning, stacklevel=2)
         return None

@@ -1,24 +1,23 @@
-"""CPU fp32 linears with weights prepacked for oneDNN (the path torch.compile's CPU freezing takes).
+"""CPU fp32 linears with their weights repacked once at load time, for kernels that beat `F.linear` here.
 
-Measured on our 2-core machines, streaming weights as a model does: prepacked oneDNN linear reads
-weights at 14 GB/s at batch 1 where `F.linear` reaches 9, and gives 75 vs 58 GFLOP/s at batch 32
-(bench/engine_throughput.py shows the effect on whole decode steps). Without the small-batch kernel the
-original weight is dropped after packing. With it, steps of up to MAX_ROWS rows read the original
-row-major weight, so both layouts are kept while the linears' weights total at most BOTH_LAYOUTS_BYTES;
-a larger model keeps only the original and runs larger steps through `F.linear`, so memory never doubles
-for a model that could not afford it.
+- Byzantium's panel GEMM (kernels/cpu_gemm.cpp), when the CPU kernels build: the weight as panels of 16
+  output columns, one kernel for every batch size. Measured on our 2-core machines with the weights
+  streamed from memory as a decode step does (`python bench/kernel_bench.py --cpu`): 1.3-1.6x oneDNN at
+  9-64 rows, the small-batch weight-streaming kernel's speed at 1-8 rows, and oneDNN's at prefill sizes.
+- Otherwise oneDNN's prepacked weights (the path torch.compile's CPU freezing takes): 14 GB/s at batch 1
+  where `F.linear` reaches 9, 75 vs 58 GFLOP/s at batch 32.
+
+Either way only the packed layout is kept (a tied lm_head's weight still lives on as the embedding).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.cpu_ext import MAX_ROWS
-
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
-BOTH_LAYOUTS_BYTES = 2 * 2**30
+PANEL = 16  # output columns per panel of cpu_gemm.cpp
 
 
 def packing_available(device, dtype):
+    """Whether oneDNN's weight prepacking works here (CPU, fp32)."""
     if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return False
     try:
@@ -30,30 +29,35 @@ def packing_available(device, dtype):
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear, small=None, pack=True):
+    """`kernels`: the compiled CPU kernels (kernels.cpu_ext.load()) for panels, or None for oneDNN."""
+
+    def __init__(self, linear, kernels=None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT) if pack else None
-        self.bias = None if linear.bias is None else linear.bias.detach()
-        self.small = small  # kernels/cpu_gemv.cpp: small batches straight from the row-major weight
-        self.weight = weight if small is not None or not pack else None
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.kernels = kernels
+        if kernels is not None:
+            self.packed = kernels.pack_panels(weight)  # [ceil(N / 16), K, 16]
+            if bias is not None:  # padded to whole panels, as panel_linear reads them
+                bias = torch.cat([bias, bias.new_zeros(self.packed.shape[0] * PANEL - self.out_features)])
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
+        self.bias = bias
 
     def forward(self, x):
-        if self.small is not None and x.shape[0] <= MAX_ROWS:
-            return self.small.small_linear(x, self.weight, self.bias)
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        rows = x.reshape(-1, self.in_features)
+        if self.kernels is not None:
+            y = self.kernels.panel_linear(rows, self.packed, self.bias, self.out_features)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features)
 
 
-def pack_linears(model, small=None):
-    """Replace every nn.Linear of `model` by a PackedLinear (call after the weights are loaded).
-    `small`: the compiled small-batch kernel (kernels.cpu_ext.load()), which needs the plain weights."""
+def pack_linears(model, kernels=None):
+    """Replace every nn.Linear of `model` by a PackedLinear (call after the weights are loaded)."""
     linears = [(module, name, child) for module in model.modules() for name, child in module.named_children()
                if isinstance(child, nn.Linear)]
-    total = sum(child.weight.numel() * child.weight.element_size() for _, _, child in linears)
-    pack = small is None or total <= BOTH_LAYOUTS_BYTES
     for module, name, child in linears:
-        setattr(module, name, PackedLinear(child, small, pack))
+        setattr(module, name, PackedLinear(child, kernels))
     return model
