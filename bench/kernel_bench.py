@@ -7,18 +7,21 @@
 
     PYTHONPATH=. python bench/kernel_bench.py            # CUDA, bf16: prints markdown tables
     PYTHONPATH=. python bench/kernel_bench.py --smoke    # tiny shapes on CPU: checks this script runs
-    PYTHONPATH=. python bench/kernel_bench.py --cpu      # CPU fp32 decode, SmolLM2's heads: torch vs cpu
+    PYTHONPATH=. python bench/kernel_bench.py --cpu      # CPU fp32, SmolLM2's shapes: decode attention
+                                                         # (torch vs cpu) and linears (oneDNN vs panels)
 
 Qwen3-0.6B's attention shape by default: 16 query heads, 8 KV heads, head_dim 128, block size 16.
 """
 import argparse
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from byzantium.kernels import attention_ops
 
+RESULTS = Path(__file__).parent / "results"
 # (batch, context) for decode; (batch, cached prefix, new tokens) for append prefill.
 DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 8192), (64, 2048), (256, 1024), (256, 4096)]
 PREFILL_SHAPES = [(1, 0, 4096), (8, 0, 1024), (4, 2048, 1024), (32, 1024, 128), (64, 1536, 64)]
@@ -176,16 +179,49 @@ def run(device, dtype, smoke=False, backends=("triton",)):
     return sections, copy_gbps
 
 
+def linear_rows(row_counts=(1, 4, 8, 16, 32, 64, 256), layers=30):
+    """The decoder layers' linears of SmolLM2-135M (qkv, o, gate_up, down) for `layers` distinct layers, so
+    the weights stream from memory as in a real step: oneDNN prepacked vs Byzantium's panels."""
+    from byzantium.kernels import cpu_ext
+    ext = cpu_ext.load()
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    weights = [[torch.randn(n, k) * 0.05 for n, k in shapes] for _ in range(layers)]
+    onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in layer] for layer in weights]
+    panels = [[ext.pack_panels(w) for w in layer] for layer in weights]
+    del weights
+    rows = []
+    for m in row_counts:
+        xs = [torch.randn(m, k) for _, k in shapes]
+
+        def run_onednn():
+            for layer in onednn:
+                for w, x in zip(layer, xs):
+                    torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+        def run_panels():
+            for layer in panels:
+                for (n, _), w, x in zip(shapes, layer, xs):
+                    ext.panel_linear(x, w, None, n)
+
+        flops = 2 * m * sum(n * k for n, k in shapes) * layers
+        one, pan = bench(run_onednn, torch.device("cpu"), 1, 5), bench(run_panels, torch.device("cpu"), 1, 5)
+        rows.append({"rows": m, "oneDNN ms": one * 1e3, "oneDNN GFLOP/s": flops / one / 1e9,
+                     "panels ms": pan * 1e3, "panels GFLOP/s": flops / pan / 1e9, "speed-up": one / pan})
+    return rows
+
+
 def run_cpu(backends=("torch", "cpu")):
-    """Decode attention on the CPU in fp32 with SmolLM2-135M's heads (9 query, 3 KV, head_dim 64)."""
+    """Decode attention with SmolLM2-135M's heads (9 query, 3 KV, head_dim 64) and its linears, fp32."""
     device = torch.device("cpu")
     ops = {name: attention_ops(name, device) for name in backends}
     rows = decode_rows(ops, CPU_DECODE, torch.float32, device, num_heads=9, num_kv_heads=3, head_dim=64)
     for row in rows:
         if "torch us" in row and "cpu us" in row:
             row["cpu speed-up"] = row["torch us"] / row["cpu us"]
-    return [markdown(rows, f"Paged decode attention on CPU (float32, Hq 9, Hkv 3, D 64, block 16, "
-                           f"{torch.get_num_threads()} threads)")]
+    threads = torch.get_num_threads()
+    return [markdown(rows, f"Paged decode attention on CPU (float32, Hq 9, Hkv 3, D 64, block 16, {threads} threads)"),
+            markdown(linear_rows(), f"SmolLM2-135M's 120 decoder-layer linears, weights streamed from memory "
+                                    f"(float32, {threads} threads)")]
 
 
 def dtype_name(dtype):
@@ -200,6 +236,9 @@ def main():
     args = parser.parse_args()
     if args.cpu:
         sections = run_cpu(tuple((args.backends or "torch,cpu").split(",")))
+        Path(RESULTS).mkdir(exist_ok=True)
+        (Path(RESULTS) / "cpu_kernels.md").write_text(
+            "# CPU kernels (`python bench/kernel_bench.py --cpu`)\n\n" + "\n".join(sections))
     elif args.smoke:
         sections, _ = run("cpu", torch.float32, smoke=True, backends=(args.backends or "torch").split(","))
     else:

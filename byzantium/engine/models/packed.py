@@ -2,8 +2,8 @@
 
 - Byzantium's panel GEMM (kernels/cpu_gemm.cpp), when the CPU kernels build: the weight as panels of 16
   output columns, one kernel for every batch size. Measured on our 2-core machines with the weights
-  streamed from memory as a decode step does (`python bench/kernel_bench.py --cpu`): 1.3-1.6x oneDNN at
-  9-64 rows, the small-batch weight-streaming kernel's speed at 1-8 rows, and oneDNN's at prefill sizes.
+  streamed from memory as a decode step does (`python bench/kernel_bench.py --cpu`): 1.9-2.1x oneDNN at
+  1-8 rows, 1.3-1.6x at 16-32, 1.25x at 64, and oneDNN's speed at prefill sizes.
 - Otherwise oneDNN's prepacked weights (the path torch.compile's CPU freezing takes): 14 GB/s at batch 1
   where `F.linear` reaches 9, 75 vs 58 GFLOP/s at batch 32.
 
