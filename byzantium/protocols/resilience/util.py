@@ -1,13 +1,8 @@
-"""Two helpers the resilience modules share: a seed that is the same in every process, and a lenient
-reader for the JSON object a model was asked to reply with."""
-import hashlib
+"""Two helpers the resilience modules share: a seed that is the same in every process (the voting
+module's), and a lenient reader for the JSON object a model was asked to reply with."""
 import json
 
-
-def stable_seed(*parts) -> int:
-    """A 63-bit seed from printable parts, by sha256: never Python's hash(), which changes per process."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+from ..voting import stable_seed  # noqa: F401 - re-exported for the resilience modules
 
 
 _DECODER = json.JSONDecoder(strict=False)  # strict=False: raw newlines inside strings, common in replies
