@@ -67,16 +67,21 @@ static void score_pass(const float* q, int64_t heads, const Walk& w, float* scor
       for (int i = 0; i < DV; ++i) qv[i] = _mm256_loadu_ps(q + j * 8 * DV + 8 * i);
       float* row = scores + j * w.length + pos;
       int64_t t = 0;
-      for (; t + 4 <= n; t += 4) {  // four tokens at once: four independent FMA chains
+      for (; t + 4 <= n; t += 4) {  // four tokens at once, even and odd halves apart: eight FMA chains
         const float* k0 = base + t * w.stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < DV; ++i) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+        for (int i = 0; i < DV; i += 2) {  // every supported head size has an even DV
           a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 8 * i), a0);
           a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + w.stride + 8 * i), a1);
           a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i), a2);
           a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i), a3);
+          c0 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 8 * i + 8), c0);
+          c1 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + w.stride + 8 * i + 8), c1);
+          c2 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i + 8), c2);
+          c3 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i + 8), c3);
         }
-        _mm_storeu_ps(row + t, hsum4(a0, a1, a2, a3));
+        _mm_storeu_ps(row + t, hsum4(_mm256_add_ps(a0, c0), _mm256_add_ps(a1, c1), _mm256_add_ps(a2, c2),
+                                     _mm256_add_ps(a3, c3)));
       }
       for (; t < n; ++t) {
         const float* kt = base + t * w.stride;
