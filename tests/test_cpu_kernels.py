@@ -137,3 +137,13 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
     got = [o.token_ids for o in engine.generate(prompts, params)]
     assert calls and max(calls) == len(prompts)
     assert got == [o.token_ids for o in torch_backend.generate(prompts, params)]
+
+
+def test_ninja_from_the_dependency_is_found_without_an_activated_environment(monkeypatch, tmp_path):
+    import shutil
+    ninja = pytest.importorskip("ninja")
+    (tmp_path / "c++").symlink_to(shutil.which("c++"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # a compiler but no ninja on PATH
+    assert shutil.which("ninja") is None
+    assert cpu_ext.supported()
+    assert shutil.which("ninja").startswith(ninja.BIN_DIR)

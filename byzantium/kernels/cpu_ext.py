@@ -11,6 +11,7 @@ linears and the torch reference for attention.
 """
 import functools
 import hashlib
+import os
 import shutil
 import sys
 import warnings
@@ -25,7 +26,20 @@ def supported() -> bool:
     """AVX2 (with FMA, which every AVX2 x86 CPU has) on Linux, and a C++ compiler and ninja to build with."""
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
     return (sys.platform.startswith("linux") and capability in ("AVX2", "AVX512")
-            and shutil.which("c++") is not None and shutil.which("ninja") is not None and all(path.exists() for path in SOURCES))
+            and shutil.which("c++") is not None and _find_ninja() and all(path.exists() for path in SOURCES))
+
+
+def _find_ninja() -> bool:
+    """ninja on PATH, or the one the `ninja` dependency installed (in the virtual environment's bin, which
+    is not on PATH when .venv/bin/python runs without the environment activated): put it on PATH."""
+    if shutil.which("ninja"):
+        return True
+    try:
+        import ninja
+    except ImportError:
+        return False
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    return shutil.which("ninja") is not None
 
 
 @functools.cache
