@@ -7,10 +7,14 @@ bool decode_supported(int64_t head_dim);
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 
+// The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
+// AsyncEngine's event loop) are not held up during a step.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack_panels", &pack_panels, "w[N, K] -> panels [N/16, K, 16] for panel_linear");
-  m.def("panel_linear", &panel_linear, "fp32 x[M, K] @ w.T + b with w packed by pack_panels (b padded to the panels)");
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("pack_panels", &pack_panels, "w[N, K] -> panels [N/16, K, 16] for panel_linear", release());
+  m.def("panel_linear", &panel_linear, "fp32 x[M, K] @ w.T + b with w packed by pack_panels (b padded to the panels)",
+        release());
   m.def("paged_decode_attention", &paged_decode_attention,
-        "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)");
+        "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)", release());
   m.def("decode_supported", &decode_supported, "whether paged_decode_attention has a kernel for this head_dim");
 }
