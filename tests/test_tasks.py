@@ -281,3 +281,15 @@ def test_math500_boxed_solutions_match_answers():
 def test_gsm8k_solutions_give_the_final_answer():
     tasks = load_jsonl(DATA / "gsm8k.jsonl")
     assert all(t.check(t.metadata["answer"]) for t in tasks)
+
+
+def test_a_task_with_several_accepted_answers_accepts_each_of_them():
+    from byzantium.protocols.byzantine import wrong_answers
+    task = Task("t", "What is 2 divided by 3?", None, "0.67", "math", {"accepted": ["0.67", "2/3"]})
+    assert task.accepted == ["0.67", "2/3"]
+    assert task.accepts("2/3") and task.accepts("0.67") and not task.accepts("0.5")
+    assert task.check("So the answer is \\boxed{2/3}.")
+    # An adversary never gets an accepted alternative as its "wrong" answer.
+    assert wrong_answers(task, ["2/3", "0.5", "0.67", "3/2"]) == ["0.5", "3/2"]
+    plain = Task("u", "What is 1 + 1?", None, "2", "number")
+    assert plain.accepted == "2" and plain.accepts("2.0") and not plain.accepts("3")

@@ -142,7 +142,7 @@ def run_rr_experiment(method, tasks, llms, corrupt=0, k=100, m=None, max_len=512
             result = await round_robin(task, agents, k, max_len, attack, temperature, seed, 0, attack_seed)
         else:
             result = await rr_majority(task, agents, m, k, max_len, attack, temperature, seed, attack_seed)
-        return {"gold": task.gold, "kind": task.kind, **to_json(result)}
+        return {"gold": task.accepted, "kind": task.kind, **to_json(result)}
 
     llm_list = [a.llm for a in agents]
     recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config)

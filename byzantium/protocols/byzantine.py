@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 
 from ..engine.sampling import SamplingParams
-from ..tasks import is_correct, normalize_answer
+from ..tasks import normalize_answer
 from . import prompts
 
 ADVERSARY_MODES = ("fixed", "decoy", "equivocate")
@@ -70,7 +70,7 @@ def wrong_answers(task, cache) -> list:
     out, seen = [], set()
     for item in cache:
         source, answer = item if isinstance(item, tuple) else (None, item)
-        if source == task.id or answer is None or is_correct(answer, task.gold, task.kind):
+        if source == task.id or answer is None or task.accepts(answer):
             continue
         key = normalize_answer(answer, task.kind) or str(answer)
         if task.kind == "choice" and key not in task.letters:
@@ -132,7 +132,7 @@ class Adversary:
         out = await self.llm.chat(decoy_prompt(self.task), self.params)
         self.text = out.text
         answer = self.task.extract(out.text)
-        self.fell_back = answer is None or is_correct(answer, self.task.gold, self.task.kind)
+        self.fell_back = answer is None or self.task.accepts(answer)
         if not self.fell_back:
             self._answer = answer
         self.ready = True

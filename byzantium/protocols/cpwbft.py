@@ -107,7 +107,7 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
             for a in agents]})
         if decision[1] >= threshold and not run_all_rounds:
             break
-    return {"protocol": "cpwbft", "task_id": task.id, "kind": task.kind, "gold": task.gold,
+    return {"protocol": "cpwbft", "task_id": task.id, "kind": task.kind, "gold": task.accepted,
             "T": T, "rounds_run": len(rounds) - 1, "decision": decision[0],
             "decision_confidence": decision[1], "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],

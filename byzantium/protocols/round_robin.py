@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..engine.sampling import SamplingParams
-from ..tasks import extract_answer, is_correct
+from ..tasks import extract_answer
 from .attacks import injection
 from .rr_prompts import agent_messages
 from .voting import Vote, plurality, stable_seed
@@ -126,7 +126,7 @@ async def round_robin(task, agents, k=100, max_len=512, attack="strong", tempera
             await ctx.llm.close_session(ctx.session)
     text = "".join(c.text for c in chunks)
     answer = extract_answer(text, task.kind, task.choices)
-    return Trajectory(task.id, index, text, answer, is_correct(answer, task.gold, task.kind), finish, total,
+    return Trajectory(task.id, index, text, answer, task.accepts(answer), finish, total,
                       chunks)
 
 
@@ -139,7 +139,7 @@ async def rr_majority(task, agents, m=None, k=100, max_len=512, attack="strong",
     trajectories = await asyncio.gather(*(
         round_robin(task, agents, k, max_len, attack, temperature, seed, j, attack_seed) for j in range(m)))
     vote = plurality([t.answer for t in trajectories], task.kind, f"{seed}:{task.id}")
-    return RRMajResult(task.id, vote.answer, is_correct(vote.answer, task.gold, task.kind), vote,
+    return RRMajResult(task.id, vote.answer, task.accepts(vote.answer), vote,
                        list(trajectories))
 
 

@@ -161,7 +161,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         answer = new_answer
         rounds.append({"round": t, "agents": records})
 
-    return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.gold, "F": F, "T": T,
+    return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.accepted, "F": F, "T": T,
             "score_mode": score_mode, "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],
             "adversaries": [{"id": a.id, **a.adversary.record()} for a in agents if not a.honest],

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..engine.sampling import SamplingParams
-from ..tasks import extract_answer, is_correct, normalize_answer
+from ..tasks import extract_answer, normalize_answer
 from .attacks import injection
 from .rr_prompts import agent_messages
 
@@ -76,7 +76,7 @@ async def majority_vote(task, agents, attack="strong", max_tokens=512, temperatu
 
     answers = await asyncio.gather(*(answer(i, a) for i, a in enumerate(agents)))
     vote = plurality([a.answer for a in answers], task.kind, f"{seed}:{task.id}")
-    return MajResult(task.id, vote.answer, is_correct(vote.answer, task.gold, task.kind), vote, list(answers))
+    return MajResult(task.id, vote.answer, task.accepts(vote.answer), vote, list(answers))
 
 
 __all__ = ["stable_seed", "Vote", "plurality", "AgentAnswer", "MajResult", "majority_vote"]

@@ -46,6 +46,15 @@ class Task:
     def extract(self, text):
         return extract_answer(text, self.kind, self.choices)
 
+    @property
+    def accepted(self):
+        """What `is_correct` compares with: the list of accepted answers when there are several, else gold."""
+        return self.metadata.get("accepted") or self.gold
+
+    def accepts(self, answer) -> bool:
+        """Is this extracted answer correct? (the one `is_correct`, against every accepted answer)"""
+        return is_correct(answer, self.accepted, self.kind)
+
     def check(self, text) -> bool:
-        """Is this model output's stated answer correct? (extract, then the one `is_correct`)."""
-        return is_correct(self.extract(text), self.metadata.get("accepted") or self.gold, self.kind)
+        """Is this model output's stated answer correct? (extract, then `accepts`)."""
+        return self.accepts(self.extract(text))
