@@ -63,11 +63,13 @@ def test_engine_packs_its_linears_into_panels(tiny_llama):
     assert [o.token_ids for o in off.generate(prompts, params)] == want
 
 
-def paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, seed):
+def paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, seed, min_lengths=None):
     """A block pool filled with NaN except the slots the sequences own, in shuffled block order."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, max_len + 1, (batch,), generator=g, dtype=torch.int32)
     lengths[0] = max_len
+    if min_lengths is not None:
+        lengths = torch.maximum(lengths, torch.tensor(min_lengths, dtype=torch.int32))
     width = -(-max_len // block_size)
     num_blocks = batch * width + 5
     tables = torch.randperm(num_blocks, generator=g)[:batch * width].view(batch, width).to(torch.int32)
@@ -101,6 +103,30 @@ def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head
     got = ext.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale)
     assert torch.isfinite(got).all()  # the NaN outside the sequences' slots never leaks
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("new_tokens", [[1, 1, 1], [3, 0, 7], [16, 2, 5], [17, 1, 1], [40, 3, 9]])
+def test_short_append_prefill_runs_row_by_row_and_matches_reference(new_tokens):
+    from byzantium.kernels import cpu, reference
+    batch, block_size = len(new_tokens), 16
+    _, k_cache, v_cache, lengths, tables = paged_case(batch, 9, 3, 64, block_size, 90, seed=sum(new_tokens),
+                                                      min_lengths=new_tokens)  # the new tokens' K/V are stored
+    cu = torch.tensor([0] + new_tokens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]), 9, 64, generator=torch.Generator().manual_seed(3))
+    calls = []
+    real = ext.paged_decode_attention
+    cpu_ext_load = cpu.cpu_ext.load
+    spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
+                           "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))})
+    cpu.cpu_ext.load = lambda: spy
+    try:
+        got = cpu.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
+    finally:
+        cpu.cpu_ext.load = cpu_ext_load
+    want = reference.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == ([int(cu[-1])] if max(new_tokens) <= cpu.ROW_BY_ROW_MAX_NEW else [])
 
 
 def test_decode_attention_bad_calls_and_fallback():
