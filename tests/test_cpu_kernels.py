@@ -105,7 +105,7 @@ def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("new_tokens", [[1, 1, 1], [3, 0, 7], [16, 2, 5], [17, 1, 1], [40, 3, 9]])
+@pytest.mark.parametrize("new_tokens", [[1, 1, 1], [3, 0, 7], [32, 2, 5], [33, 1, 1], [40, 3, 9]])
 def test_short_append_prefill_runs_row_by_row_and_matches_reference(new_tokens):
     from byzantium.kernels import cpu, reference
     batch, block_size = len(new_tokens), 16
