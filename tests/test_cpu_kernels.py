@@ -161,7 +161,8 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     got = [o.token_ids for o in engine.generate(prompts, params)]
-    assert calls and max(calls) == len(prompts)
+    # Every decode step of the four sequences went through the kernel (short prefills may too, row by row).
+    assert calls.count(len(prompts)) >= params.max_tokens - 1
     assert got == [o.token_ids for o in torch_backend.generate(prompts, params)]
 
 
