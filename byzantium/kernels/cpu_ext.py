@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ..paths import cache_root
+
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp")]
 
 
@@ -46,7 +48,6 @@ def _find_ninja() -> bool:
 def load():
     if not supported():
         return None
-    from ..engine.loader import cache_root
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()).hexdigest()[:12]
     build_dir = cache_root() / "ext" / f"cpu-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
