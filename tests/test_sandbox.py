@@ -1,13 +1,22 @@
 """The code sandbox: statuses, timeouts that take children with them, memory limits, a fresh
-working directory, no inherited environment."""
+working directory, no inherited environment; and, by default, isolation: no network, no files but
+its own, no other processes, not root, nothing left behind (each probe a test)."""
+import errno
 import os
+import random
 import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 
 import pytest
 
 from byzantium.tasks import sandbox
-from byzantium.tasks.sandbox import check_humaneval, extract_code, humaneval_program, run_code
+from byzantium.tasks.sandbox import SandboxUnavailable, check_humaneval, extract_code, humaneval_program, run_code
 
 PROBLEM = {  # a tiny HumanEval-format problem of our own
     "prompt": 'import math\n\n\ndef helper(x):\n    return x\n\n\ndef double(x: int) -> int:\n    """ Return 2 * x.\n'
@@ -35,26 +44,223 @@ def _gone(pid, within=5.0):
     return False
 
 
-def test_statuses():
-    ok = run_code("print('hi')")
+def _named(marker):
+    """Live processes (host view) whose name is `marker`: a program names a process it starts by
+    writing /proc/self/comm, so the test can find it from outside whatever PID it has inside."""
+    found = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/comm") as f:
+                    if f.read().strip() == marker and _alive(p):
+                        found.append(int(p))
+            except OSError:
+                pass
+    return found
+
+
+def _none_named(marker, within=3.0):
+    end = time.monotonic() + within
+    while _named(marker) and time.monotonic() < end:
+        time.sleep(0.05)
+    left = _named(marker)
+    for pid in left:  # do not leave them running when the test fails
+        os.kill(pid, signal.SIGKILL)
+    return not left
+
+
+def _marker():
+    return f"byzprobe{random.randrange(10**6):06d}"
+
+
+@pytest.mark.parametrize("isolation", ["namespace", "process"])
+def test_statuses(isolation):
+    run = lambda code: run_code(code, isolation=isolation)
+    ok = run("print('hi')")
     assert ok.status == "passed" and ok.passed and ok.returncode == 0 and ok.stdout == "hi\n"
-    assert run_code("assert 1 + 1 == 3").status == "failed"
-    err = run_code("raise ValueError('boom')")
+    assert run("assert 1 + 1 == 3").status == "failed"
+    err = run("raise ValueError('boom')")
     assert err.status == "failed" and err.returncode == 1 and "ValueError: boom" in err.stderr
-    assert run_code("import sys; sys.exit(3)").returncode == 3
-    seg = run_code("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert run("import sys; sys.exit(3)").returncode == 3
+    seg = run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     assert seg.status == "crashed" and seg.returncode < 0
-    assert run_code("input()").status == "failed"  # stdin is closed: EOFError, not a hang
+    assert run("input()").status == "failed"  # stdin is closed: EOFError, not a hang
 
 
-def test_infinite_loop_and_its_children_are_killed():
+def test_bad_arguments_and_no_silent_fallback(monkeypatch):
+    with pytest.raises(ValueError, match="isolation"):
+        run_code("pass", isolation="none")
+    monkeypatch.setattr(sandbox.sys, "platform", "darwin")
+    with pytest.raises(SandboxUnavailable, match="isolation='process'"):
+        run_code("pass")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root caller chooses the outside uid")
+def test_a_jail_that_cannot_be_built_refuses_to_run(monkeypatch):
+    monkeypatch.setattr(sandbox, "NOBODY", 2**32 - 1)  # not a uid: the id map is refused
+    with pytest.raises(SandboxUnavailable, match="id map"):
+        run_code("print('ran')")
+
+
+# ----------------------------------------------------------------------------- isolation probes
+
+def test_no_network_not_even_loopback():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.setblocking(False)
+    port = srv.getsockname()[1]
+    code = ("import socket\n"
+            f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n"
+            "    try:\n        socket.create_connection(addr, timeout=5)\n        print('connected')\n"
+            "    except OSError as e:\n        print(e.errno)\n")
+    try:
+        res = run_code(code, timeout_s=20)
+        with pytest.raises(BlockingIOError):
+            srv.accept()  # nobody came
+    finally:
+        srv.close()
+    assert res.status == "passed", res.stderr
+    assert res.stdout.split() == [str(errno.ENETUNREACH)] * 2  # at once, not by a timeout
+    assert res.seconds < 5
+
+
+def test_writes_nothing_outside_its_directory(tmp_path):
+    targets = [os.path.join(tempfile.gettempdir(), _marker()), str(tmp_path / "probe")]
+    code = ("for path in %r:\n"
+            "    try:\n        open(path, 'w').write('x')\n    except OSError as e:\n        print(e)\n" % targets)
+    try:
+        res = run_code(code)
+        assert res.status == "passed", res.stderr
+        assert not any(os.path.exists(t) for t in targets)
+    finally:
+        for t in targets:
+            if os.path.exists(t):
+                os.remove(t)
+
+
+def test_cannot_see_home_nor_project():
+    home = os.path.expanduser("~")
+    code = ("import os\n"
+            f"try:\n    print(sorted(os.listdir({home!r})))\nexcept OSError:\n    print([])\n"
+            f"try:\n    print('read', len(open({__file__!r}).read()))\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    res = run_code(code)
+    assert res.status == "passed", res.stderr
+    seen, rest = res.stdout.split("\n", 1)
+    # In the home at most the way to a Python installation under it (a pyenv, a venv).
+    prefixes = {sys.prefix, sys.base_prefix}
+    assert all(any(p.startswith(os.path.join(home, e) + os.sep) for p in prefixes) for e in eval(seen))
+    assert rest.strip() == "FileNotFoundError"  # this very file
+
+
+def test_cannot_read_other_processes_environment():
+    secret = f"hunter-{random.randrange(10**9)}"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "BYZ_PROBE_SECRET": secret})
+    code = ("import os\n"
+            f"for pid in [{os.getpid()}, {other.pid}] + [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+            "    try:\n        print(pid, open(f'/proc/{pid}/environ', 'rb').read())\n"
+            "    except OSError as e:\n        print(pid, type(e).__name__)\n"
+            "print('procs', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n")
+    try:
+        res = run_code(code)
+    finally:
+        other.kill()
+        other.wait()
+    assert res.status == "passed", res.stderr
+    assert secret not in res.stdout
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"{os.getpid()} FileNotFoundError" and lines[1] == f"{other.pid} FileNotFoundError"
+    assert 2 in set(eval(lines[-1].split(" ", 1)[1])) <= {1, 2}  # itself (and its PID 1, the jail's init)
+
+
+def test_cannot_signal_the_caller():
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+    try:
+        res = run_code(f"import os, signal\ntry:\n    os.kill({os.getpid()}, signal.SIGUSR1)\n    print('sent')\n"
+                       "except OSError as e:\n    print(type(e).__name__)\n")
+        time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert res.stdout.strip() == "ProcessLookupError" and not got
+
+
+def test_runs_unprivileged_as_seen_from_outside():
+    marker = _marker()
+    code = ("import os, sys, time\n"
+            f"open('/proc/self/comm', 'w').write({marker!r})\n"
+            "print(os.access(os.__file__, os.W_OK), os.access(sys.prefix, os.W_OK), flush=True)\n"
+            "import ctypes\nprint(ctypes.CDLL(None).unshare(0x10000000), flush=True)\n"  # a user namespace
+            "time.sleep(3)\n")
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(res=run_code(code, timeout_s=20)))
+    worker.start()
+    try:
+        end = time.monotonic() + 10
+        while not _named(marker) and time.monotonic() < end:
+            time.sleep(0.02)
+        pids = _named(marker)
+        assert pids, "the program never showed up"
+        with open(f"/proc/{pids[0]}/status") as f:
+            status = dict(line.split(":", 1) for line in f)
+    finally:
+        worker.join()
+    uids, gids = status["Uid"].split(), status["Gid"].split()
+    assert "0" not in uids and "0" not in gids and "0" not in status["Groups"].split()
+    if os.geteuid() == 0:
+        assert set(uids) == {str(sandbox.NOBODY)}
+    assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0 and int(status["CapBnd"], 16) == 0
+    res = box["res"]
+    # Nor can it change the Python installation, nor make a namespace where it would have powers.
+    assert res.status == "passed" and res.stdout.split() == ["False", "False", "-1"], res.stderr
+
+
+def test_fork_bomb_is_capped():
+    code = ("import os, time\nn = 0\n"
+            "try:\n"
+            "    while n < 300:\n"  # a bound, so that an unconfined run does not take the machine down
+            "        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+            "        n += 1\n"
+            "except OSError as e:\n    print(e.errno)\n"
+            "print(n)\n")
+    start = time.monotonic()
+    res = run_code(code, timeout_s=20)
+    assert time.monotonic() - start < 15
+    assert res.status == "passed", res.stderr
+    err, n = map(int, res.stdout.split())
+    assert err == errno.EAGAIN and 0 < n <= sandbox.EXTRA_PROCS
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_setsid_grandchild_dies_with_the_program(spin):
+    """At the timeout (spin) or at a normal end: a grandchild that left the session is gone too."""
+    marker = _marker()
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    if os.fork() == 0:\n"
+            "        os.setsid()\n"
+            f"        open('/proc/self/comm', 'w').write({marker!r})\n"
+            "        open('ready', 'w').close()\n"
+            "        time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "while not os.path.exists('ready'):\n    time.sleep(0.01)\n"
+            "print('started', flush=True)\n"
+            + ("while True:\n    pass\n" if spin else ""))
+    res = run_code(code, timeout_s=2 if spin else 20)
+    assert res.stdout.strip() == "started"
+    assert res.status == ("timeout" if spin else "passed") and res.seconds < 10
+    assert _none_named(marker)
+
+
+def test_infinite_loop_and_its_children_are_killed_in_process_mode():
     code = ("import os, sys, time\n"
             "pid = os.fork()\n"
             "if pid == 0:\n    time.sleep(120)\n    os._exit(0)\n"
             "print(pid, os.getpgrp(), flush=True)\n"
             "while True:\n    pass\n")
     start = time.monotonic()
-    res = run_code(code, timeout_s=1.5)
+    res = run_code(code, timeout_s=1.5, isolation="process")
     assert res.status == "timeout" and res.returncode is None
     assert 1.4 < res.seconds < 6 and time.monotonic() - start < 10
     child, group = map(int, res.stdout.split())
@@ -79,14 +285,11 @@ def _members(pgid):
     return out
 
 
-def test_children_left_behind_after_a_normal_exit_are_killed():
-    code = ("import os, time\n"
-            "pid = os.fork()\n"
-            "if pid == 0:\n    time.sleep(120)\n    os._exit(0)\n"
-            "print(pid)\n")
-    res = run_code(code, timeout_s=20)
-    assert res.status == "passed" and res.seconds < 10  # it did not wait for the sleeper
-    assert _gone(int(res.stdout))
+def test_infinite_loop_times_out():
+    start = time.monotonic()
+    res = run_code("while True:\n    pass\n", timeout_s=1.5)
+    assert res.status == "timeout" and res.returncode is None
+    assert 1.4 < res.seconds < 6 and time.monotonic() - start < 10
 
 
 def test_memory_bomb_is_contained():
@@ -109,31 +312,38 @@ def test_file_size_limit(monkeypatch):
 
 def test_fresh_working_directory_removed_afterwards(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where run_code makes its directory
     code = ("import os, tempfile\n"
             "open('out.txt', 'w').write('x')\n"
             "open(os.path.expanduser('~/home.txt'), 'w').write('x')\n"
             "fd, tmp = tempfile.mkstemp()\n"
+            "open('/tmp/literal.txt', 'w').write('x')\n"
             "print(os.getcwd(), os.environ['HOME'], os.environ['TMPDIR'], tmp, sorted(os.listdir('.')))\n")
     res = run_code(code)
     assert res.status == "passed", res.stderr
     cwd, home, tmpdir, tmpfile, listing = res.stdout.split(" ", 4)
-    assert home == tmpdir == cwd and tmpfile.startswith(cwd + os.sep)
-    assert "'out.txt'" in listing and "'home.txt'" in listing
-    assert not os.path.exists(cwd)  # removed, with everything the program wrote there
-    assert os.listdir(tmp_path) == []  # nothing landed in the caller's directory
-    again = run_code("import os; print(os.getcwd())")
-    assert again.stdout.strip() != cwd
+    assert home == tmpdir == cwd == "/sandbox" and tmpfile.startswith(cwd + os.sep)
+    assert "'out.txt'" in listing and "'home.txt'" in listing and "'literal.txt'" in listing
+    assert os.listdir(scratch) == []  # removed, with everything the program wrote there
+    assert sorted(os.listdir(tmp_path)) == ["scratch"]  # nothing landed in the caller's directory
+    again = run_code("import os; print(os.listdir('.'))")
+    assert again.stdout.strip() == "['main.py']"  # a fresh directory each time
 
 
-def test_read_only_leftovers_are_removed():
-    res = run_code("import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').write('x')\n"
-                   "os.chmod('d/e', 0o500)\nos.chmod('d', 0o500)\nprint(os.getcwd())")
-    assert res.status == "passed" and not os.path.exists(res.stdout.strip())
+def test_read_only_leftovers_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for isolation in ("namespace", "process"):
+        res = run_code("import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').write('x')\n"
+                       "os.chmod('d/e', 0o500)\nos.chmod('d', 0o500)\n", isolation=isolation)
+        assert res.status == "passed" and os.listdir(tmp_path) == []
 
 
-def test_no_inherited_environment(monkeypatch):
+@pytest.mark.parametrize("isolation", ["namespace", "process"])
+def test_no_inherited_environment(monkeypatch, isolation):
     monkeypatch.setenv("BYZ_TEST_SECRET", "hunter2")
-    res = run_code("import os; print(sorted(os.environ.items()))")
+    res = run_code("import os; print(sorted(os.environ.items()))", isolation=isolation)
     assert res.status == "passed"
     assert "hunter2" not in res.stdout and "BYZ_TEST_SECRET" not in res.stdout
     env = dict(eval(res.stdout))

@@ -1,20 +1,28 @@
-"""Run generated Python code outside the caller's process.
+"""Run generated Python code outside the caller's process, isolated from the machine.
 
-    run_code(code, timeout_s=10.0, memory_mb=1024) -> SandboxResult   a whole program
+    run_code(code, timeout_s=10.0, memory_mb=1024, isolation="namespace") -> SandboxResult
     check_humaneval(task, completion, timeout_s=10.0) -> SandboxResult  prompt + completion + tests
     extract_code(text, entry_point=None) / humaneval_program(...)      how that program is built
 
 The program runs as `python -I -B main.py` in a fresh temporary directory (its cwd; HOME and
 TMPDIR point into it; removed afterwards) with an environment built from scratch (PATH, LANG,
-HOME, TMPDIR: nothing of the caller's, so no secrets), stdin from /dev/null, in its own
-session. A small launcher sets the resource limits and then execs the program: `preexec_fn` is
-not safe in a process with threads (the async engine has some). Limits: address space (memory_mb), CPU
-seconds (a little over the timeout), file size, core dumps off, and a cap on new processes.
-On the wall-clock timeout, and after every run, the whole process group is killed, so children
-the program forked die with it.
+HOME, TMPDIR: nothing of the caller's, so no secrets) and stdin from /dev/null. Limits: address
+space (memory_mb), CPU seconds (a little over the timeout), file size, core dumps off, and a cap
+on new processes. A launcher sets them and then execs the program: `preexec_fn` is not safe in a
+process with threads (the async engine has some).
 
-This is containment, not a jail: the program can still read and write anything its user may
-(outside the temporary directory too) and use the network.
+isolation="namespace" (the default; Linux): the launcher (jail.py) runs the program in new user,
+mount, network, PID, IPC, UTS and cgroup namespaces. It sees a read-only Python installation and
+shared libraries, a few devices, its own /proc and its work directory at /sandbox (/tmp points
+there) and nothing else of the files; it has no network; it sees and can signal no other process;
+outside it is nobody (the caller's own uid for a non-root caller), inside a root without
+capabilities. At the timeout, and when it ends, every process it started dies with its PID
+namespace, setsid() or not. Where these namespaces cannot be made (user namespaces disabled, a
+seccomp filter, not Linux) run_code raises SandboxUnavailable, saying why: it never falls back.
+
+isolation="process": only the limits above, in a new session whose process group is killed at the
+end. This is containment, not a jail: the program can read and write anything its user may, use
+the network, see and signal other processes; use it only where the code is trusted.
 
 Status rule:
     "passed"   exit status 0
@@ -38,9 +46,18 @@ from dataclasses import dataclass
 
 TAIL_CHARS = 4000
 FILE_MB = 64  # largest file the program may write (stdout and stderr included)
-EXTRA_PROCS = 64  # new processes the program may start beyond what its user already runs
+EXTRA_PROCS = 64  # new processes the program may start (process mode: beyond what its user runs)
+ISOLATIONS = ("namespace", "process")
+NOBODY = 65534  # the outside uid and gid of a program a root caller runs in namespaces
+SETUP_S = 10.0  # a jail that has not ended this long after the timeout is killed from outside
+_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jail.py")
 
-# Runs in the child before the program: limits, then exec (the pid, thus the group, is kept).
+
+class SandboxUnavailable(RuntimeError):
+    """The namespaces could not be set up, so the program did not run."""
+
+
+# Process mode: runs in the child before the program: limits, then exec (the pid, thus the group, is kept).
 _LAUNCHER = r"""
 import os, resource, sys
 mem, cpu, fsize, procs = (int(x) for x in sys.argv[1:5])
@@ -85,36 +102,116 @@ class SandboxResult:
         return self.status == "passed"
 
 
-def run_code(code, timeout_s=10.0, memory_mb=1024):
+def run_code(code, timeout_s=10.0, memory_mb=1024, isolation="namespace"):
     """Run `code` as a whole Python program in a separate, limited process; see the module doc."""
     if timeout_s <= 0 or memory_mb <= 0:
         raise ValueError(f"timeout_s and memory_mb must be positive, got {timeout_s}, {memory_mb}")
-    workdir = tempfile.mkdtemp(prefix="byz-sandbox-")
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if isolation == "namespace" and sys.platform != "linux":
+        raise SandboxUnavailable(_unavailable(f"namespaces are Linux only, this is {sys.platform}"))
+    top = tempfile.mkdtemp(prefix="byz-sandbox-")
     try:
+        # Namespace mode: the program's directory is top/work (/sandbox inside); top/root is
+        # where the jail mounts its root.
+        workdir = os.path.join(top, "work") if isolation == "namespace" else top
+        os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        home = "/sandbox" if isolation == "namespace" else workdir
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home}
         limits = [memory_mb * 2**20, int(timeout_s) + 2, FILE_MB * 2**20, EXTRA_PROCS]
-        argv = [sys.executable, "-I", "-B", "-c", _LAUNCHER, *map(str, limits), "main.py"]
         # Output goes to anonymous files, not pipes: a forked child holding a pipe open would
         # keep a reader waiting past the program's end.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             start = time.monotonic()
-            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err, start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            _kill_group(proc.pid)  # also after a normal exit: no leftover children
-            proc.wait()
+            run = _run_jailed if isolation == "namespace" else _run_process
+            rc, timed_out = run(top, workdir, env, limits, timeout_s, out, err)
             seconds = time.monotonic() - start
             stdout, stderr = _tail(out), _tail(err)
     finally:
-        _remove(workdir)
-    rc = None if timed_out else proc.returncode
+        _remove(top)
     return SandboxResult(_status(rc, timed_out, stderr), rc, stdout, stderr, seconds)
+
+
+def _run_process(top, workdir, env, limits, timeout_s, out, err):
+    argv = [sys.executable, "-I", "-B", "-c", _LAUNCHER, *map(str, limits), "main.py"]
+    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=err, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    _kill_group(proc.pid)  # also after a normal exit: no leftover children
+    proc.wait()
+    return (None if timed_out else proc.returncode), timed_out
+
+
+def _run_jailed(top, workdir, env, limits, timeout_s, out, err):
+    if os.geteuid() == 0:  # the program is nobody outside: give it its directory
+        ids = (NOBODY, NOBODY)
+        for path in (workdir, os.path.join(workdir, "main.py")):
+            os.chown(path, *ids)
+    else:
+        ids = (os.geteuid(), os.getegid())
+    os.mkdir(os.path.join(top, "root"))
+    report, report_w = os.pipe()
+    prefixes = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    args = [report_w, *limits, *ids, timeout_s, os.path.join(top, "root"), workdir, *prefixes]
+    try:
+        try:
+            # -S: the launcher needs no site-packages, and starts faster without them.
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", _JAIL, *map(str, args)], cwd="/", env=env,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+                                    pass_fds=(report_w,))
+        finally:
+            os.close(report_w)
+        backstop = True
+        try:
+            proc.wait(timeout=timeout_s + SETUP_S)  # the jail enforces the timeout itself
+            backstop = False
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # (an interrupt too) the launchers; the program's PID namespace dies with them
+            _kill_group(proc.pid)
+            proc.wait()
+        lines = _read_all(report).splitlines()
+    finally:
+        os.close(report)
+    errors = [line[len("error "):] for line in lines if line.startswith("error ")]
+    if errors:
+        raise SandboxUnavailable(_unavailable("; ".join(errors)))
+    statuses = [int(line.split()[1]) for line in lines if line.startswith("status ")]
+    if "timeout" in lines or backstop:
+        return None, True
+    if not statuses:  # its PID 1 died first (the program can interrupt it; nothing else does)
+        return -signal.SIGKILL, False
+    return os.waitstatus_to_exitcode(statuses[-1]), False
+
+
+def _unavailable(why):
+    return (f"cannot isolate the generated code ({why}). Namespace isolation needs Linux with user "
+            "namespaces allowed (sysctl user.max_user_namespaces > 0; where they exist, "
+            "kernel.unprivileged_userns_clone = 1 and kernel.apparmor_restrict_unprivileged_userns = 0 "
+            "for a non-root user) and no seccomp filter that blocks unshare/mount. "
+            "isolation='process' runs it with resource limits only: it can then read your files, "
+            "use the network and signal your processes")
+
+
+def _read_all(fd):
+    """What is in a pipe now, without waiting for writers that may still hold it."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def _status(rc, timed_out, stderr):
@@ -209,7 +306,7 @@ def _drop_main_block(code):
     return code
 
 
-def check_humaneval(task, completion, timeout_s=10.0, memory_mb=1024):
+def check_humaneval(task, completion, timeout_s=10.0, memory_mb=1024, isolation="namespace"):
     """Run a HumanEval-format problem's tests on a completion. `task` is a Task (its metadata holds
     prompt, test and entry_point) or a dict with those fields."""
     fields = task if isinstance(task, dict) else task.metadata
@@ -218,4 +315,4 @@ def check_humaneval(task, completion, timeout_s=10.0, memory_mb=1024):
     except KeyError as e:
         raise ValueError(f"not a HumanEval-format problem: no {e.args[0]!r} field") from None
     program = humaneval_program(prompt, completion, test, entry_point)
-    return run_code(program, timeout_s=timeout_s, memory_mb=memory_mb)
+    return run_code(program, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation)

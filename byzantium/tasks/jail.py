@@ -1,0 +1,246 @@
+"""Launcher that runs one program in fresh Linux namespaces; sandbox.run_code starts it as
+`python -I -S -B jail.py REPORT_FD MEM CPU FSIZE PROCS UID GID TIMEOUT ROOT WORK PREFIX...`
+(stdlib only, never imported by the package; no json or signal: their imports would double the
+launcher's start-up time, and run_code pays it on every call).
+
+Process tree: run_code -> L (this script, host namespaces) -> C (new user, mount, network, IPC,
+UTS and cgroup namespaces; it supervises the timeout) -> I (PID 1 of a new PID namespace; it
+builds the root) -> P (the program).
+
+* User namespace: its root maps to the unprivileged outside ids run_code chose, nobody when the
+  caller is root (L writes the map from outside, which only root may do), else the caller's own. P drops
+  every capability before exec, so inside it is a root without powers, and outside it is nobody.
+* Mount namespace: a tmpfs root (read-only once built) holding read-only binds of the Python
+  installation and the shared libraries, a few devices, a /proc of the new PID namespace, and the
+  work directory (read-write) at /sandbox; /tmp points to it. Nothing else of the host is there.
+  Bind sources are opened (O_PATH) before the ids change, as the outside root may own their
+  parent directories (a Python under /root), and mounted through /proc/self/fd.
+* Network namespace: only a loopback that is down, so every connect fails at once.
+* PID namespace: P sees no other process and can signal none; when I exits (P ended, or C killed I
+  at the timeout) the kernel kills everything left in the namespace, setsid() or not.
+
+Report (one line each on the report fd, read by run_code): "error <why>" when the namespaces
+could not be set up (nothing ran), "status <wait status>" from I, "timeout" from C.
+"""
+
+import ctypes
+import os
+import resource
+import select
+import sys
+
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, 0x8000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_PRIVATE, MS_REC = 1, 2, 4, 8, 32, 4096, 1 << 18, 1 << 14
+MS_KEEP = 1 | 2 | 4 | 8 | 1024 | 2048 | 4096  # flags a remount must repeat (statvfs reports them in the same bits)
+MNT_DETACH = 2
+SIGKILL = 9
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def layout():
+    """What the sandbox sees of the host, read-only: the Python installation (the caller's prefixes:
+    a venv and the interpreter it points to; without `site` this process does not know the venv)
+    and the shared libraries; the /lib* symlinks of a merged /usr."""
+    ro, links = [], []
+    for path in (*prefixes, "/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32"):
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        elif os.path.isdir(path) and path != "/" and path not in ro:
+            ro.append(path)
+    inside = lambda p, q: p != q and p.startswith(q.rstrip("/") + "/")
+    return [p for p in ro if not any(inside(p, q) for q in ro)], links
+
+
+def say(line):
+    os.write(report, (line + "\n").encode())
+
+
+def check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(src, target, fstype, flags, data=None):
+    enc = lambda s: None if s is None else str(s).encode()
+    check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def prctl(option, arg):
+    check(libc.prctl(option, arg, 0, 0, 0), f"prctl {option}")
+
+
+def die_with_parent(parent=None):
+    prctl(PR_SET_PDEATHSIG, SIGKILL)
+    if parent is not None and os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def guarded(stage, fn, *args):
+    """Run a setup stage; a failure is reported as the reason the sandbox is unavailable."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - any failure here means: no sandbox
+        say(f"error {stage}: {e}")
+        os._exit(1)
+
+
+# ------------------------------------------------------------------------------------------- L
+
+def launcher():
+    if os.uname().machine not in SYS_PIVOT_ROOT:
+        raise OSError(f"no pivot_root syscall number known for {os.uname().machine}")
+    l_read, c_write = os.pipe()
+    c_read, l_write = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(l_read), os.close(l_write)
+        guarded("namespaces", supervisor, parent, c_write, c_read)
+    os.close(c_write), os.close(c_read)
+    if os.read(l_read, 1) == b"1":  # C is in its new user namespace: give it its ids
+        guarded("id map", write_maps, pid)
+        os.write(l_write, b"1")
+    os.waitpid(pid, 0)
+
+
+def write_maps(pid):
+    if os.geteuid() != 0:  # one's own ids are all an unprivileged user may map, with setgroups off
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
+    for name, outside in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(f"0 {outside} 1")
+
+
+# ------------------------------------------------------------------------------------------- C
+
+def supervisor(parent, to_l, from_l):  # pipe ends: to L, from L
+    die_with_parent(parent)
+    if os.geteuid() == 0:
+        os.setgroups([])  # root's supplementary groups would follow it into the sandbox
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWPID
+    check(libc.unshare(flags), "unshare")
+    os.write(to_l, b"1")
+    if os.read(from_l, 1) != b"1":
+        os._exit(1)  # L reported why
+    pid = os.fork()
+    if pid == 0:
+        guarded("root", init)
+    # Wait for I, killing it (and with it the whole PID namespace) at the timeout.
+    fd = os.pidfd_open(pid)
+    if not select.select([fd], [], [], timeout)[0]:
+        os.kill(pid, SIGKILL)
+        say("timeout")
+    os.waitpid(pid, 0)  # returns once every process of the namespace is gone
+    os._exit(0)
+
+
+# ------------------------------------------------------------------------------------------- I
+
+def init():
+    die_with_parent()  # (its parent is outside this PID namespace: getppid() says 0)
+    # Sources first, while this process still has the outside ids of the caller.
+    ro, links = layout()
+    devices = [f"/dev/{name}" for name in DEVICES]
+    sources = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in ro + devices + [work]}
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,uid=0,gid=0,size=1m")
+    os.chdir(root)
+    os.setresgid(0, 0, 0)  # the mapped ids: files can be made in the tmpfs now
+    os.setresuid(0, 0, 0)
+    prctl(PR_SET_DUMPABLE, 0)  # it keeps its capabilities: the program must not ptrace it
+
+    def bind(path, target, flags):
+        mount(f"/proc/self/fd/{sources[path]}", target, None, MS_BIND)
+        if flags is not None:
+            keep = os.statvfs(target).f_flag & MS_KEEP  # locked flags (atime, ...) must be repeated
+            mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | keep | flags)
+
+    for path in ro:
+        os.makedirs("." + path, exist_ok=True)
+        bind(path, "." + path, MS_RDONLY)
+    for path, target in links:
+        os.makedirs(os.path.dirname("." + path), exist_ok=True)
+        os.symlink(target, "." + path)
+    os.makedirs("dev/shm")
+    for path in devices:
+        open("." + path, "w").close()
+        bind(path, "." + path, None)  # devices stay usable: a read-only mount would not stop writes anyway
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{fd}", f"dev/{name}")
+    os.symlink("/proc/self/fd", "dev/fd")
+    mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={fsize}")
+    os.mkdir("sandbox")
+    bind(work, "sandbox", 0)
+    os.symlink("sandbox", "tmp")
+    os.mkdir("proc")
+    # A /proc of this PID namespace: its processes only, and where the kernel can (5.8+) not even
+    # PID 1's command line (host paths) nor the system-wide files.
+    for options in ("subset=pid,hidepid=invisible", None):
+        try:
+            mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+            break
+        except OSError:
+            pass  # none at all is stricter still
+    for fd in sources.values():
+        os.close(fd)
+    try:  # no user namespaces of its own, the one thing it could still make without capabilities
+        with open("/proc/sys/user/max_user_namespaces", "w") as f:
+            f.write("0")
+    except OSError:
+        pass  # a read-only /proc/sys: one layer less
+    check(libc.sethostname(b"sandbox", 7), "sethostname")
+    check(libc.syscall(ctypes.c_long(SYS_PIVOT_ROOT[os.uname().machine]), b".", b"."), "pivot_root")
+    check(libc.umount2(b".", MNT_DETACH), "umount old root")  # the host's tree is gone from here
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir("/sandbox")
+
+    pid = os.fork()
+    if pid == 0:
+        guarded("program", program)
+    while True:  # PID 1 reaps orphans until the program ends; its exit then kills the rest
+        done, status = os.waitpid(-1, 0)
+        if done == pid:
+            say(f"status {status}")
+            os._exit(0)
+
+
+# ------------------------------------------------------------------------------------------- P
+
+def program():
+    def lim(what, soft, hard=None):
+        old_soft, old_hard = resource.getrlimit(what)
+        hard = soft if hard is None else hard
+        if old_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, old_hard), min(hard, old_hard)
+        resource.setrlimit(what, (soft, hard))
+    lim(resource.RLIMIT_AS, mem)
+    lim(resource.RLIMIT_CPU, cpu, cpu + 1)
+    lim(resource.RLIMIT_FSIZE, fsize)
+    lim(resource.RLIMIT_CORE, 0)
+    # Counted per outside uid in this user namespace: I, this process and what it starts, and C
+    # when it has the same uid (a caller that is not root).
+    lim(resource.RLIMIT_NPROC, procs + (3 if uid == caller_uid else 2))
+    # No capabilities survive the exec (root's come from the bounding set), none can be gained.
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails past the last cap: fine
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    os.execv(sys.executable, [sys.executable, "-I", "-B", "main.py"])
+
+
+if __name__ == "__main__":  # the arguments: globals of every stage above
+    report, mem, cpu, fsize, procs, uid, gid = map(int, sys.argv[1:8])
+    timeout, (root, work), prefixes = float(sys.argv[8]), sys.argv[9:11], sys.argv[11:]
+    caller_uid = os.geteuid()
+    os.set_inheritable(report, False)  # the program must not hold it
+    guarded("launcher", launcher)
