@@ -13,11 +13,17 @@ checking belongs to a sandbox, not here), "verdict" (a pairwise judgement of two
 extracted and normalised here, but scored by BLEU/chrF in `resilience.score_output`, so
 `is_correct` refuses it).
 
+Units are dropped from a whitelist ("5 cm", "12 dollars", "1.5 m/s", "60 miles per hour", and MATH's
+"5\\text{ cents}"), never "any letters": "2k", "5i", "2x" and "2pi" are other values than 2 and 5. Two
+plain decimals compare exactly; a tolerance applies only where one side cannot be written as one
+("0.3333333" vs 1/3). Words ("Evelyn") and option labels ("(c)") compare without case.
+
 LaTeX is turned into sympy-parsable text by a small converter (sympy's own LaTeX parser needs
 an exact antlr4 runtime version); only whitelisted names reach `parse_expr`, and every sympy call
 runs under a time limit so a pathological answer from an adversarial agent cannot hang a run.
 """
 
+import functools
 import math
 import re
 import signal
@@ -99,9 +105,12 @@ def _answer_line(text):
     hits = list(re.finditer(r"(?i)\banswer\s*(?:is|:|=)\s*:?", text))
     if not hits:
         return None
-    rest = text[hits[-1].end():].split("\n")[0]
-    rest = re.split(r"\.\s", rest + " ")[0]
-    return _clean(rest) or None
+    rest = text[hits[-1].end():].split("\n")[0] + " "
+    ends = [m.start() for m in re.finditer(r"\.\s", rest) if not _ABBREVIATION.search(rest[:m.start()])]
+    return _clean(rest[:ends[0]] if ends else rest) or None
+
+
+_ABBREVIATION = re.compile(r"\b(?:Mt|Rs|Dr|Mr|Mrs|Ms|St|Jr|Sr|vs|approx|etc|e\.g|i\.e)$")  # "Rs. 750" is one answer
 
 
 def _clean(s):
@@ -123,7 +132,10 @@ def _number_in(s):
     if not m:
         return None
     num = m.group(1).replace(",", "")
-    return f"{num}/{m.group(2)}" if m.group(2) else num
+    num = f"{num}/{m.group(2)}" if m.group(2) else num
+    # A letter stuck to it makes another value ("2k", "5i", "2x"), unless it is a unit symbol ("5m").
+    letter = re.match(r"[a-zA-Z](?![a-zA-Z])", s[m.end():])
+    return num + letter.group() if letter and letter.group() not in "mshglMSHGL" else num
 
 
 def _last_number(text):
@@ -153,11 +165,14 @@ def _letter_in(cand, letters, choices):
     m = re.fullmatch(rf"\(?([{letters}])\)?[.):]?|\(([{letters.lower()}])\)", c)
     if m:  # a bare letter is a letter even when an option's text is also "C"
         return (m.group(1) or m.group(2)).upper()
-    if choices:  # the option's own text ("Answer: a marsh") wins over letter guessing
-        norm = _text_norm(c)
-        hits = [i for i, ch in enumerate(choices) if _text_norm(ch) == norm]
+    # The option's own text ("Answer: a marsh") wins over letter guessing: as written first, where
+    # "-15" is not "15" and "Rr" not "RR", then in any case and punctuation.
+    for norm in ((lambda x: x.strip().rstrip(".").strip()), _text_norm) if choices else ():
+        hits = [i for i, ch in enumerate(choices) if norm(str(ch)) == norm(c)]
         if len(hits) == 1:
             return letters[hits[0]]
+        if hits:
+            break  # two options say the same: it names none
     m = (re.match(rf"^\(?([{letters}])\)?(?:[.):,\s]|$)", c)
          or re.match(rf"^\(([{letters.lower()}])\)", c)
          or re.match(rf"^([{letters.lower()}])(?:[.)]|$)", c)
@@ -247,14 +262,17 @@ def _extract_translation(text):
 
 # ---------------------------------------------------------------------------------- normalisation
 
-def normalize_answer(answer, kind):
-    """Canonical form for grouping votes; None when the answer is missing or unreadable."""
+def normalize_answer(answer, kind, simplify=True):
+    """Canonical form for grouping votes; None when the answer is missing or unreadable.
+
+    simplify=False skips sympy's simplify for symbolic answers (a cheaper form, for `is_correct`,
+    which settles any remaining difference with `_math_equal` itself)."""
     _check_kind(kind)
     if answer is None:
         return None
     a = str(answer).strip()
     if kind == "choice":
-        m = re.fullmatch(r"\(?([A-Ja-j])\)?[.):]?", _clean(a))
+        m = re.fullmatch(r"\(?([A-Ja-j])\)?[.):]?", _clean(re.sub(r"\\text\{([^}]*)\}", r"\1", a)))
         return m.group(1).upper() if m else None
     if kind == "bool":
         return _BOOL.get(_clean(a).lower().replace("not entailment", "not_entailment"))
@@ -272,7 +290,7 @@ def normalize_answer(answer, kind):
     s = strip_math(a)
     if not s:
         return None
-    return _canon_math(s)
+    return _canon_math(s, simplify)
 
 
 def strip_math(s):
@@ -286,17 +304,19 @@ def strip_math(s):
     s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\^\s*\{?\\circ\}?|°|\\degree", "", s)
     s = s.replace("\\%", "").replace("%", "")
-    # Units: "\text{ cm}" after the value (the leading space marks a unit, not a word answer).
-    s = re.split(r"\\(?:text|mbox|mathrm)\{\s+", s)[0] if re.search(r"\S\s*\\(?:text|mbox|mathrm)\{\s", s) else s
+    # Units: "\text{ cm}" ending an answer (MATH's convention: the leading space marks a unit, not a
+    # word answer), unless it is a scale ("\text{ million}") or a single letter ("\text{ k}").
+    m = re.fullmatch(r"(.*\S)\s*\\(?:text|mbox|mathrm)\{\s+([^{}]*?)\s*\}(?:\^\{?[23]\}?)?", s)
+    if m and (re.fullmatch(rf"{_UNIT}|{_ONE}", m.group(2), flags=re.I)
+              or re.fullmatch(r"[A-Za-z]{2,}[A-Za-z\s.]*", m.group(2)) and not re.match(_SCALES, m.group(2), flags=re.I)):
+        s = m.group(1)
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}", r"\1", s)
     s = s.replace("{,}", "")
     s = s.strip().rstrip(".").strip()
     m = re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*([^=]+)", s)  # "x = 5" -> "5"
     if m:
         s = m.group(1)
-    m = re.fullmatch(r"(-?[\d.,/]+)\s*([a-zA-Z][a-zA-Z\s.]*)", s)  # "5 cm", "12 dollars"
-    if m and len(m.group(2).replace(" ", "")) >= 2 and m.group(2).strip() not in _NAMES:
-        s = m.group(1)
+    s = _strip_unit(s)
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
         s = s.replace(",", "")
     s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
@@ -305,6 +325,28 @@ def strip_math(s):
     s = re.sub(r"(?<![\d\w])\.(\d)", r"0.\1", s)
     s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\0", s)  # keep "\cot x" apart
     return s.replace(" ", "").replace("\0", " ")
+
+
+# Units a value may carry ("5 cm", "12 dollars", "3 km/h", "60 miles per hour"), dropped before
+# comparing. A whitelist, not "any letters": "2k", "5i", "2x", "2pi" are other values than 2 or 5.
+# One-letter symbols (m, s, g, h, l) count only in a rate ("m/s"): alone they are variables.
+_UNIT_WORDS = ("mm cm km in inches inch ft foot feet yd yard mi mile meter metre centimeter centimetre millimeter "
+               "millimetre kilometer kilometre sec second min minute hr hour day week month year yr mg kg gram "
+               "milligram kilogram lb pound oz ounce ton tonne ml liter litre milliliter millilitre gallon gal "
+               "quart pint cup dollar cent euro usd degree deg radian percent unit mph kph kmh").split()
+_POWER = r"(?:\s*\^\s*\{?[23]\}?|[²³])?"
+_TERM = (rf"(?:(?:square|sq|cubic|cu)\.?\s+)?(?:per\s*cent|{'|'.join(sorted(_UNIT_WORDS, key=len, reverse=True))})"
+         rf"s?{_POWER}")
+_ONE = rf"[msghl]{_POWER}"
+_UNIT = rf"(?:(?:{_TERM}|{_ONE})\s*(?:/|\s+per\s+)\s*(?:{_TERM}|{_ONE})|{_TERM})\.?"
+_SCALES = r"(?:hundred|thousand|million|billion|trillion|dozen)"
+
+
+def _strip_unit(s):
+    """`s` without a trailing unit ("5 cm" -> "5", "1.5 m/s" -> "1.5"); unchanged when no unit trails a value."""
+    m = re.search(rf"(?<![A-Za-z\\])(?:{_UNIT})\s*$", s, flags=re.I)
+    value = s[:m.start()].strip() if m else ""
+    return value if re.search(r"[\w)\]}]$", value) else s
 
 
 def _text_norm(s):
@@ -324,7 +366,7 @@ def _to_fraction(s):
     """Exact value of a plain number: '1,000', '$5.00', '-3/4', '12 dollars', '50%' -> Fraction."""
     s = str(s).strip().replace("$", "").replace("\\$", "").replace("\\%", "").replace("%", "")
     s = re.sub(r"\\(?:d|t)?frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
-    s = re.sub(r"\s*[a-zA-Z][a-zA-Z .]*$", "", s).strip().rstrip(".")
+    s = _strip_unit(s.strip().rstrip(".")).rstrip(".")
     if not re.fullmatch(rf"(?:{_NUM})(?:/\d+)?", s):
         return None
     s = s.replace(",", "")
@@ -334,21 +376,23 @@ def _to_fraction(s):
         return None
 
 
-def _canon_math(s):
+def _canon_math(s, simplify=True):
     x = _to_fraction(s)
     if x is not None:
         return _canon_number(x)
     parts = _split_tuple(s)
     if parts:
         left, items, right = parts
-        return left + ",".join(_canon_math(p) for p in items) + right
+        return left + ",".join(_canon_math(p, simplify) for p in items) + right
+    if re.fullmatch(r"\([A-Ja-j]\)", s):  # an option label: "(c)" is MATH's "\text{(C)}"
+        return s[1].upper()
     expr = _parse(s)
-    if expr is None:
-        return s
-    return _timed(lambda: _canon_expr(expr), SYMPY_SECONDS) or s
+    if expr is None:  # not maths: a word ("Evelyn") or other text, where case does not count
+        return s.lower() if re.fullmatch(r"[A-Za-z][A-Za-z'-]*", s) else s
+    return _timed(lambda: _canon_expr(expr, simplify), SYMPY_SECONDS) or s
 
 
-def _canon_expr(expr):
+def _canon_expr(expr, simplify=True):
     import sympy
     if not expr.free_symbols:
         if expr.is_Rational:
@@ -356,7 +400,7 @@ def _canon_expr(expr):
         v = complex(sympy.N(expr, 15))
         if abs(v.imag) < 1e-12:  # any real constant: its value, so all its spellings group together
             return str(int(v.real)) if v.real == int(v.real) else f"{v.real:.10g}"
-    return str(sympy.simplify(expr))
+    return str(sympy.simplify(expr) if simplify else expr)
 
 
 # ---------------------------------------------------------------------------------- the one check
@@ -375,7 +419,8 @@ def is_correct(predicted, gold, kind):
                    for g in gold)
     if predicted is None or gold is None:
         return False
-    p, g = normalize_answer(predicted, kind), normalize_answer(gold, kind)
+    # the cheap canonical form: a symbolic pair that still differs goes to _math_equal's spot checks
+    p, g = normalize_answer(predicted, kind, simplify=False), normalize_answer(gold, kind, simplify=False)
     if p is None or g is None:
         return False
     if p == g:
@@ -403,7 +448,9 @@ def _rounds_to(predicted, accepted):
 def _math_equal(a, b):
     xa, xb = _to_fraction(a), _to_fraction(b)
     if xa is not None and xb is not None:
-        return math.isclose(float(xa), float(xb), rel_tol=REL_TOL, abs_tol=1e-12)
+        if _terminates(xa) and _terminates(xb):  # two decimals: equal exactly ("1450001" is not 1450000)
+            return xa == xb
+        return math.isclose(float(xa), float(xb), rel_tol=REL_TOL, abs_tol=1e-12)  # "0.3333333" vs 1/3
     pa, pb = _split_tuple(a), _split_tuple(b)
     if pa or pb:
         return bool(pa and pb and pa[0] == pb[0] and pa[2] == pb[2] and len(pa[1]) == len(pb[1])
@@ -424,15 +471,28 @@ def _sympy_equal(ea, eb):
     if not syms:
         va, vb = complex(sympy.N(ea, 20)), complex(sympy.N(eb, 20))
         return abs(va - vb) <= REL_TOL * max(1.0, abs(vb))
-    if sympy.simplify(d) == 0:
-        return True
-    rng = random.Random(0)  # numeric spot checks catch what simplify misses
+    # Numeric spot checks first: cheap, they settle almost every pair; simplify only where a point
+    # could not be evaluated (a pole, a branch).
+    rng, settled = random.Random(0), True
     for _ in range(3):
         point = {s: rng.uniform(0.5, 2.5) for s in syms}
-        va, vb = complex(ea.evalf(15, subs=point)), complex(eb.evalf(15, subs=point))
-        if not abs(va - vb) <= 1e-8 * max(1.0, abs(vb)):
+        try:
+            va, vb = complex(ea.evalf(15, subs=point)), complex(eb.evalf(15, subs=point))
+        except (TypeError, ValueError):
+            va = vb = math.nan
+        if abs(va - vb) > 1e-8 * max(1.0, abs(vb)):
             return False
-    return True
+        settled = settled and abs(va - vb) <= 1e-8 * max(1.0, abs(vb))
+    return settled or sympy.simplify(d) == 0
+
+
+def _terminates(x: Fraction):
+    """Is x a finite decimal (its denominator has no prime factor but 2 and 5)?"""
+    d = x.denominator
+    for p in (2, 5):
+        while d % p == 0:
+            d //= p
+    return d == 1
 
 
 def _split_tuple(s):
@@ -473,6 +533,7 @@ _COMMANDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "
              **{f: f for f in ("sin", "cos", "tan", "cot", "sec", "csc", "exp")}, **{g: g for g in _GREEK}}
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse(s):
     """Sympy expression for a normalised answer, or None (unknown LaTeX, unsafe or too big)."""
     try:

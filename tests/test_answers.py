@@ -1,0 +1,196 @@
+"""The one answer check: units, letter suffixes, text case, and every gold of ../shared/data against
+perturbations of itself (harmless ones accepted, harmful ones rejected)."""
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from byzantium.protocols.voting import plurality
+from byzantium.tasks import Task, extract_answer, is_correct, load_jsonl, load_resilience_task, normalize_answer
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+# ------------------------------------------------------------------ fixed cases (always run)
+
+# A letter after a number is a variable or the imaginary unit, not a unit: another value.
+@pytest.mark.parametrize("kind", ["number", "math"])
+@pytest.mark.parametrize("a,b", [("2k", "2"), ("5i", "5"), ("-2i", "-2"), ("2pi", "2"), ("2x", "2"),
+                                 (r"2\pi", "2"), ("2 x", "2"), ("3 million", "3"), ("2 m^2", "2"),
+                                 ("4 ab", "4"), (r"2\text{ k}", "2")])
+def test_a_letter_suffix_is_not_a_unit(kind, a, b):
+    assert not is_correct(a, b, kind) and not is_correct(b, a, kind)
+    assert normalize_answer(a, kind) != normalize_answer(b, kind)
+
+
+@pytest.mark.parametrize("kind", ["number", "math"])
+@pytest.mark.parametrize("a,b", [("5 cm", "5"), ("5cm", "5"), ("12 dollars", "12"), ("3 km/h", "3"),
+                                 ("1.5 m/s", "1.5"), ("1.5 m/s", "3/2"), ("$5", "5"), ("5%", "5"),
+                                 ("60 miles per hour", "60"), ("20 mph", "20"), ("7 square units", "7"),
+                                 ("12 cm^2", "12"), ("4 Hours", "4"), ("2.5 kg", "2.5"), ("3 ft.", "3"),
+                                 ("1,000 meters", "1000"), (r"5\text{ cm}", "5"), (r"5 \text{cm}", "5"),
+                                 (r"864 \mbox{ inches}^2", "864"), (r"5.4 \text{ cents}", "5.4")])
+def test_real_units_are_stripped(kind, a, b):
+    assert is_correct(a, b, kind) and is_correct(b, a, kind)
+    assert normalize_answer(a, kind) == normalize_answer(b, kind)  # so their votes are one group
+
+
+def test_compound_units_against_accepted_lists():
+    assert is_correct("1.5 m/s", ["1.5", "3/2"], "math")
+    assert is_correct("3/2 m/s", ["1.5", "3/2"], "math")
+    assert is_correct("30 km/h", ["30"], "math") and not is_correct("2 m/s", ["1.5", "3/2"], "math")
+
+
+@pytest.mark.parametrize("pred,gold", [("evelyn", r"\text{Evelyn}"), ("EVELYN", r"\text{Evelyn}"),
+                                       ("(c)", r"\text{(C)}"), (r"\text{(c)}", "(C)"), ("Ellipse", r"\text{ellipse}"),
+                                       (r"\text{ Navin }", r"\text{Navin}")])
+def test_text_answers_ignore_case(pred, gold):
+    assert is_correct(pred, gold, "math") and is_correct(gold, pred, "math")
+
+
+@pytest.mark.parametrize("pred,gold", [("x", "X"), ("(d)", r"\text{(C)}"), ("navin", r"\text{Evelyn}"),
+                                       ("c", r"\text{(C)}")])
+def test_case_still_counts_in_maths(pred, gold):
+    assert not is_correct(pred, gold, "math")
+
+
+def test_decimals_compare_exactly_and_only_endless_ones_loosely():
+    for kind in ("number", "math"):
+        assert not is_correct("2880001", "2880000", kind) and not is_correct("1450000.5", "1450000", kind)
+        assert is_correct("2,880,000.0", "2880000", kind)
+    assert is_correct("0.3333333", r"\frac13", "math") and not is_correct("0.33", r"\frac13", "math")
+
+
+@pytest.mark.parametrize("text,choices,want", [
+    ("Answer: 15", ["-30", "+30", "0", "15", "-15"], "D"),  # not also "-15"
+    ("Answer: -15", ["-30", "+30", "0", "15", "-15"], "E"),
+    ("Answer: Rr", ["R", "rr", "Rr", "RR"], "C"),
+    ("Answer: Rs. 750", ["Rs. 697.50", "Rs. 750", "Rs. 780"], "B"),  # "Rs." does not end the answer
+    ("Answer: Mt. McKinley.", ["Mt. McKinley", "Niagara Falls"], "A"),
+    ("Answer: 8.75", ["8.75", "8.79", "8.75"], None),  # two options say it: it names neither
+])
+def test_an_options_text_names_it(text, choices, want):
+    assert extract_answer(text, "choice", choices) == want
+
+
+@pytest.mark.parametrize("text,want", [(r"\boxed{2k}", "2k"), ("The answer is 5i.", "5i"), ("Answer: -2i", "-2i"),
+                                       ("The answer is 2x.", "2x"), (r"\boxed{5m}", "5"), ("The answer is 12 cookies.", "12"),
+                                       ("The answer is 3rd.", "3"), (r"\boxed{1,200 cm}", "1200")])
+def test_number_extraction_keeps_a_letter_stuck_to_the_number(text, want):
+    assert extract_answer(text, "number") == want
+    assert Task("t", "q", None, "2", "number").check(text) == (want == "2")
+
+
+def test_votes_group_the_way_the_check_judges():
+    vote = plurality(["2k", "2", "2 cm", "5i"], "math", "t")
+    assert vote.counts[normalize_answer("2", "math")] == 2 and len(vote.counts) == 3
+    vote = plurality(["evelyn", r"\text{Evelyn}", "Navin"], "math", "t")
+    assert vote.answer == normalize_answer("Evelyn", "math") and vote.counts[vote.answer] == 2
+    task = Task("t", "q", None, "2", "math")
+    assert task.check(r"So \boxed{2 \text{ cm}}.") and not task.check(r"So \boxed{2k}.")
+
+
+# One gold of each shape, with the perturbations the data test below applies to every gold.
+FIXED = [Task("n", "q", None, "1450000", "number"), Task("m", "q", None, r"\frac{14}{3}", "math"),
+         Task("p", "q", None, "6 - 5i", "math"), Task("t", "q", None, r"\text{Evelyn}", "math"),
+         Task("o", "q", None, r"\text{(C)}", "math"), Task("u", "q", None, r"5.4 \text{ cents}", "math"),
+         Task("c", "q", ["x", "y", "z"], "B", "choice"), Task("b", "q", None, "no", "bool"),
+         Task("v", "q", None, "win", "verdict"),
+         Task("l", "q", None, "0.75", "math", {"accepted": ["0.75", "75%", "3/4"], "incorrect": ["0.9"]})]
+
+
+@pytest.mark.parametrize("task", FIXED, ids=[t.id for t in FIXED])
+def test_fixed_golds_against_their_perturbations(task):
+    assert _failures(task) == []
+
+
+# ------------------------------------------------------------------ every gold in ../shared/data
+
+SPLIT = {"gsm8k.jsonl": "gsm8k", "math500.jsonl": "math500", "aqua.jsonl": "aqua", "arc_challenge.jsonl": "arc",
+         "boolq.jsonl": "boolq", "openbookqa.jsonl": "obqa", "rte.jsonl": "rte",
+         "bbh_logical_deduction_three_objects.jsonl": "bbh", "bbh_logical_deduction_seven_objects.jsonl": "bbh",
+         "bbh_tracking_shuffled_objects_seven_objects.jsonl": "bbh"}
+
+
+def test_every_gold_in_shared_data_against_its_perturbations():
+    if not DATA.is_dir():
+        pytest.skip("no ../shared/data")
+    tasks = {name: load_jsonl(DATA / name, format=fmt) for name, fmt in SPLIT.items() if (DATA / name).exists()}
+    for name in ("ciar", "faireval"):  # HumanEval (code) and CommonMT (translation) have no single answer
+        tasks[name] = load_resilience_task(name, DATA)
+    for t in tasks["ciar"]:
+        t.metadata["incorrect"] = t.metadata.get("incorrect answer") or []
+    start, failed = time.time(), {}
+    for name, ts in tasks.items():
+        for t in ts:
+            bad = _failures(t)
+            if bad:
+                failed.setdefault(name, []).append((t.id, bad[:3]))
+    assert not failed, {name: (len(f), f[:3]) for name, f in failed.items()}
+    assert time.time() - start < 120  # about 20-40 s on one core
+
+
+# --------------------------------------------------------------------------------- perturbations
+
+def _failures(task):
+    """What goes wrong for this task: [(reason, answer)] for each perturbation judged the wrong way."""
+    golds = task.accepted if isinstance(task.accepted, list) else [task.accepted]
+    bad = [("gold", g) for g in golds if not is_correct(g, task.accepted, task.kind)]
+    for g in golds:
+        good, wrong = _perturb(str(g), task)
+        bad += [("rejected", a) for a in good if not _accepts(task, a)]
+        bad += [("accepted", a) for a in wrong if _accepts(task, a)]
+    bad += [("accepted", a) for a in task.metadata.get("incorrect", []) if _accepts(task, a)]
+    return bad
+
+
+def _accepts(task, answer):
+    """Model outputs (with their wording) go through extraction; bare answers straight to the check."""
+    if isinstance(answer, Out):
+        return task.check(answer)
+    return task.accepts(answer)
+
+
+class Out(str):
+    """A whole model output, not an extracted answer."""
+
+
+def _perturb(g, task):
+    """(harmless, harmful) spellings of one gold answer."""
+    if task.kind == "choice":
+        others = [x for x in task.letters if x != g]
+        text = task.choices[task.letters.index(g)]
+        named = [Out(f"Answer: {text}")] if task.choices.count(text) == 1 else []  # two equal options: neither
+        return ([g.lower(), f"({g.lower()})", f"{g}.", rf"\text{{({g})}}", f" {g} ", *named,
+                 Out(f"The answer is ({g})."), Out(rf"$\boxed{{{g}}}$")],
+                [*others, Out(f"The answer is ({others[0]}).")])
+    if task.kind == "bool":
+        other = "no" if g == "yes" else "yes"
+        return ([g.upper(), g.title(), f" {g}. ", "true" if g == "yes" else "false", Out(f"The answer is {g.title()}."),
+                 Out(rf"\boxed{{{g}}}")],
+                [other, other.title(), Out(f"The answer is {other}.")])
+    if task.kind == "verdict":
+        other = [v for v in ("win", "lose", "tie") if v != g]
+        said = {"win": "Assistant 1", "lose": "Assistant 2", "tie": "tie"}
+        return [g.upper(), Out(f"Verdict: {said[g]}")], [*other, Out(f"Verdict: {said[other[0]]}")]
+    good = [f" {g} ", f"${g}$", Out(rf"So the answer is $\boxed{{{g}}}$."), Out(f"The answer is {g}.")]
+    num = re.fullmatch(r"-?\d+(?:\.\d+)?", g)
+    n = float(g) if num else None
+    wrong = [g + "k", g + "i", g + "x", g + " x"] if n != 0 else []  # 0k is 0
+    if num:
+        good += [f"{g}.0" if "." not in g else g + "0", f"{g} cm", f"{g} dollars", f"{g} km/h", f"{g}\\text{{ m}}"]
+        if "." not in g and abs(int(g)) >= 1000:
+            good.append(f"{int(g):,}")
+        bump = int(g) + 1 if "." not in g else round(n + 10 ** -len(g.split(".")[1]), 10)
+        wrong += [str(bump), f"{g} million"] + ([g + "pi"] if n else [])
+        if n != 0:
+            wrong.append(g[1:] if g.startswith("-") else "-" + g)
+    elif g.endswith("%"):
+        good += [g[:-1] + r"\%", g[:-1] + " percent"]
+    elif re.fullmatch(r"\\text\{[^{}]+\}", g):  # a word or an option: case does not matter
+        inner = g[6:-1]
+        good += [inner.lower(), inner.upper(), rf"\text{{{inner.lower()}}}"]
+    else:
+        wrong.append(g + "+1")
+    return good, wrong
