@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from byzantium.experiments.runner import RESULTS, SUMMARY, read_results, run_instances
+from byzantium.experiments.runner import RESULTS, SUMMARY, read_results, run_async, run_instances
 
 
 @dataclass
@@ -132,3 +132,110 @@ def test_progress_bar_runs(tmp_path, capsys):
 
     run_instances([Item("a"), Item("b")], solve, tmp_path, stats=lambda: {"decode_tokens": 10}, progress=True)
     assert "2/2" in capsys.readouterr().err
+
+
+def test_one_failing_instance_becomes_an_error_row(tmp_path, capsys):
+    async def solve(item):  # a fake protocol that breaks on one problem
+        await asyncio.sleep(0.01 * int(item.id[1:]))
+        if item.id == "q2":
+            raise ValueError("no distractor for q2")
+        return {"value": int(item.id[1:])}
+
+    seen = []
+
+    def summarize(records):
+        seen.extend(records)
+        return {"total_value": sum(r["value"] for r in records)}  # would fail on an error row
+
+    items = [Item(f"q{i}") for i in range(5)]
+    records = run_instances(items, solve, tmp_path, summarize=summarize, progress=False)
+    rows = {r["id"]: r for r in lines(tmp_path)}
+    assert sorted(rows) == [f"q{i}" for i in range(5)]  # the others finished and were written
+    error = rows["q2"]["error"]
+    assert error["type"] == "ValueError" and error["message"] == "no distractor for q2"
+    assert any("in solve" in frame for frame in error["traceback"])
+    assert sorted(r["id"] for r in records) == sorted(r["id"] for r in seen) == ["q0", "q1", "q3", "q4"]
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["total_value"] == 8 and summary["errors"] == 1 and summary["failed"] == ["q2"]
+    assert summary["instances"] == 4 and summary["total"] == 5 and summary["complete"] is False
+    assert "1 of 5 instances failed (q2)" in capsys.readouterr().err
+
+
+def test_error_rows_run_again_on_resume_and_are_replaced(tmp_path):
+    calls, broken = [], {"q1", "q3"}
+
+    async def solve(item):
+        calls.append(item.id)
+        if item.id in broken:
+            raise RuntimeError("engine hiccup")
+        return {"value": 1}
+
+    items = [Item(f"q{i}") for i in range(4)]
+    run_instances(items, solve, tmp_path, progress=False)
+    broken.discard("q1")
+    run_instances(items, solve, tmp_path, progress=False)
+    assert calls == ["q0", "q1", "q2", "q3", "q1", "q3"]  # only the error rows run again
+    rows = lines(tmp_path)
+    assert sorted(r["id"] for r in rows) == ["q0", "q1", "q2", "q3"]  # one row per id: the new one replaced it
+    assert "error" not in next(r for r in rows if r["id"] == "q1") and "error" in rows[-1]
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["errors"] == 1 and summary["failed"] == ["q3"] and summary["instances"] == 3
+    broken.clear()
+    records = run_instances(items, solve, tmp_path, summarize=lambda rs: {"n": len(rs)}, progress=False)
+    assert len(records) == 4 and len(lines(tmp_path)) == 4
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["errors"] == 0 and summary["complete"] and summary["n"] == 4
+
+
+def test_cancellation_still_stops_the_run(tmp_path):
+    async def solve(item):
+        if item.id == "slow":
+            await asyncio.sleep(30)
+        return {"value": 1}
+
+    async def main():
+        run = asyncio.create_task(run_async([Item("fast"), Item("slow")], solve, tmp_path, progress=False))
+        while not (tmp_path / RESULTS).exists() or "fast" not in (tmp_path / RESULTS).read_text():
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(main())
+    assert [r["id"] for r in lines(tmp_path)] == ["fast"]  # no error row for the cancelled instance
+
+
+def test_callers_do_not_count_error_rows_as_done(tmp_path, capsys):
+    from byzantium.cli import already_done
+    from byzantium.experiments.resilience import _all_done
+
+    async def solve(item):
+        if item.id == "b":
+            raise KeyError("missing field")
+        return {"value": 1}
+
+    items = [Item("a"), Item("b")]
+    run_instances(items, solve, tmp_path, progress=False)
+    assert not already_done(tmp_path, items, print)
+    assert not _all_done({"run": tmp_path}, items)
+
+
+def test_a_resilience_run_scores_around_an_error_row(tmp_path, capsys):
+    from byzantium.experiments.resilience import run_resilience_experiment
+    from byzantium.tasks.resilience import load_resilience_task
+
+    tasks = load_resilience_task("gen-arith", limit=3)
+
+    class Broken:  # answers right, except that its calls for the second problem fail
+        name, stats = "broken", {}
+
+        async def chat(self, messages, params=None, untrusted=False):
+            if tasks[1].question in messages[1]["content"]:
+                raise ConnectionError("server went away")
+            gold = next(t.gold for t in tasks if t.question in messages[1]["content"])
+            return type("Reply", (), {"text": f"Answer: {gold}"})()
+
+    summary = run_resilience_experiment("self-collab", "gen-arith", tasks, Broken(), out=tmp_path, progress=False)
+    assert summary["score"] == 1.0 and summary["instances"] == 2 and summary["errors"] == 1
+    assert summary["failed"] == [tasks[1].id] and not summary["complete"]
+    assert "over 2/3 problems, 1 failed" in capsys.readouterr().out

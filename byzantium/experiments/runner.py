@@ -9,6 +9,11 @@ dict) is appended to OUT/results.jsonl as `{"id": ..., **result}` and flushed th
 finishes. A rerun with the same OUT skips the ids already there, so a crash or Ctrl-C loses only the
 instances in flight; a line cut short by a crash is dropped (that instance runs again). At the end,
 and on Ctrl-C, OUT/summary.json receives `summarize(records)` over every record in the file.
+
+An instance whose `solve` raises does not end the run: its line is an error row,
+`{"id": ..., "error": {"type", "message", "traceback"}}`, the others go on, and summary.json counts
+it (`errors`, `failed`) but `summarize` never sees it. A rerun with the same OUT runs it again and
+replaces its row. Ctrl-C (KeyboardInterrupt) and cancellation still stop the run.
 """
 import asyncio
 import dataclasses
@@ -17,6 +22,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
@@ -58,13 +64,34 @@ def read_results(out) -> list[dict]:
         else:
             bad += 1
     if bad or (raw and not raw.endswith(b"\n")):
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        os.replace(tmp, path)
+        _rewrite(path, records)
         if bad:
             print(f"byzantium: dropped {bad} damaged line(s) of {path}; those instances run again",
                   file=sys.stderr)
     return records
+
+
+def _rewrite(path, records):
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)  # never a half-written file
+
+
+def is_error(record) -> bool:
+    """Is this line an instance that raised (to be run again on resume, left out of every metric)?"""
+    return isinstance(record.get("error"), dict)
+
+
+def split_errors(records):
+    """(the records that are results, the ids of the error rows)."""
+    return [r for r in records if not is_error(r)], [r["id"] for r in records if is_error(r)]
+
+
+def error_record(i, exc) -> dict:
+    """The error row of instance `i`: exception type, message and the innermost frames."""
+    frames = traceback.extract_tb(exc.__traceback__)[-8:]
+    return {"id": i, "error": {"type": type(exc).__name__, "message": str(exc),
+                               "traceback": [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]}}
 
 
 def write_summary(out, summary):
@@ -98,7 +125,8 @@ def _tokens(stats):
 
 
 async def run_async(items, solve, out, key=None, concurrency=64, stats=None, desc="instances", progress=True):
-    """Run `solve` over the items not yet in OUT; returns (records before, records added now)."""
+    """Run `solve` over the items not yet in OUT (or whose row is an error); returns (records before,
+    rows added now, error rows included)."""
     from tqdm.auto import tqdm
 
     if concurrency < 1:
@@ -106,11 +134,15 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
     key = key or (lambda item: item.id)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    done = read_results(out)
-    seen = {r["id"] for r in done}
     ids = [str(key(item)) for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError("instance ids are not unique")
+    done = read_results(out)
+    retry = {r["id"] for r in done if is_error(r)} & set(ids)
+    if retry:  # instances that raised last time run again; their new rows replace the error rows
+        done = [r for r in done if r["id"] not in retry]
+        _rewrite(out / RESULTS, done)
+    seen = {r["id"] for r in done}
     todo = [(i, item) for i, item in zip(ids, items) if i not in seen]
     added = []
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="inst",
@@ -130,9 +162,13 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
     limit = asyncio.Semaphore(concurrency)
 
     async def one(i, item, f):
-        async with limit:
-            result = await solve(item)
-        record = {"id": i, **{k: v for k, v in to_json(result).items() if k != "id"}}
+        try:
+            async with limit:
+                result = await solve(item)
+            record = {"id": i, **{k: v for k, v in to_json(result).items() if k != "id"}}
+        except Exception as exc:  # one bad instance is a row; Ctrl-C and cancellation are no Exception: they stop
+            record = error_record(i, exc)
+            bar.write(f"byzantium: instance {i} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         f.write(json.dumps(record) + "\n")
         f.flush()  # on disk as soon as the instance finishes
         added.append(record)
@@ -158,7 +194,8 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
 
 def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summarize=None, config=None,
                   desc="instances", progress=True):
-    """Synchronous entry point; writes OUT/summary.json and returns every record (old and new).
+    """Synchronous entry point; writes OUT/summary.json and returns every result (old and new; error
+    rows left out: summary.json counts them as `errors` and lists their ids as `failed`).
 
     On Ctrl-C the summary of what is done is written (`"complete": false`) and KeyboardInterrupt
     re-raised; rerun with the same OUT to finish."""
@@ -175,14 +212,18 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
     finally:
         records = read_results(out) if Path(out).exists() else []
         wanted = {str((key or (lambda item: item.id))(item)) for item in items}
-        records = [r for r in records if r["id"] in wanted]
+        records, failed = split_errors([r for r in records if r["id"] in wanted])
         summary = dict(summarize(records)) if summarize else {}
-        summary.update(config=config, instances=len(records), total=len(items),
+        summary.update(config=config, instances=len(records), errors=len(failed), failed=failed, total=len(items),
                        complete=complete and len(records) == len(items),
                        seconds=time.perf_counter() - start)
         write_summary(out, summary)
+    if failed:
+        print(f"byzantium: {len(failed)} of {len(items)} instances failed ({', '.join(failed[:5])}"
+              f"{', ...' if len(failed) > 5 else ''}); their rows in {Path(out) / RESULTS} say why; rerun with the "
+              f"same output directory to run them again", file=sys.stderr)
     return records
 
 
-__all__ = ["RESULTS", "SUMMARY", "to_json", "read_results", "write_summary", "check_resume", "run_async",
-           "run_instances"]
+__all__ = ["RESULTS", "SUMMARY", "to_json", "read_results", "is_error", "split_errors", "error_record",
+           "write_summary", "check_resume", "run_async", "run_instances"]
