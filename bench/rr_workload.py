@@ -23,7 +23,7 @@ import torch
 from byzantium.backends import load_llm
 from byzantium.engine.loader import resolve_model
 from byzantium.protocols.attacks import injection, make_agents
-from byzantium.protocols.round_robin import rr_majority
+from byzantium.protocols.round_robin import rr_majority, speaking_order
 from byzantium.protocols.rr_prompts import agent_messages
 from byzantium.protocols.voting import stable_seed
 from byzantium.tasks import get_task
@@ -58,9 +58,10 @@ def naive_trajectory(model, tok, task, index, k, max_len, temperature):
     prompts = [tok.encode(tok.apply_chat_template(agent_messages(task, inject if i < C else None), tokenize=False,
                                                   add_generation_prompt=True), add_special_tokens=False)
                for i in range(N)]
+    speakers = speaking_order(N, "shuffle", 0, task.id, index)  # the engine side's default order
     reply, prefill, decode, turn = [], 0, 0, 0
     while len(reply) < max_len:
-        ids = torch.tensor([prompts[turn % N] + reply])
+        ids = torch.tensor([prompts[speakers[turn % N]] + reply])
         want = min(k, max_len - len(reply))
         torch.manual_seed(stable_seed("naive", task.id, index, turn))
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=want, do_sample=True,

@@ -20,8 +20,10 @@ a message naming the problem) before any model is loaded.
 import argparse
 import json
 import sys
-from pathlib import Path
 import time
+from pathlib import Path
+
+from .backends import check_model
 
 DEMO_QUESTIONS = 20  # `byzantium demo`: questions per configuration (about 2-3 minutes on 2 CPU cores)
 
@@ -92,12 +94,21 @@ def run_args(ap, method):
     ap.add_argument("--chunk", type=int, default=100, help="K tokens per turn (default 100)")
     ap.add_argument("--trajectories", type=int, default=None, help="M RRMaj trajectories (default N)")
     ap.add_argument("--max-len", type=int, default=512, help="L: answer length limit in tokens (default 512)")
-    ap.add_argument("--attack", choices=("moderate", "strong"), default="strong")
+    ap.add_argument("--attack", choices=("moderate", "strong", "directive"), default="strong",
+                    help="the injection: moderate (advisory), strong (imperative; default) or directive "
+                         "(the paper's Appendix C wording)")
+    ap.add_argument("--order", choices=("shuffle", "rotate", "fixed"), default="shuffle",
+                    help="each trajectory's speaking order: a seeded permutation (default), trajectory m "
+                         "starting at agent m mod N, or 0..N-1 (corrupted agents first) for all")
     ap.add_argument("--model", default=None, help="every agent's model (default smollm2-135m)")
     ap.add_argument("--models", default=None, help="one model per agent, comma-separated")
     ap.add_argument("--backend", choices=("native", "hf"), default="native")
     task_args(ap, 100)
-    ap.add_argument("--temperature", type=float, default=0.0)
+    from .protocols.rr_prompts import TEMPERATURE
+    ap.add_argument("--temperature", type=float, default=TEMPERATURE,
+                    help=f"sampling temperature (default {TEMPERATURE}; each request seeded from --seed)")
+    ap.add_argument("--allow-identical", action="store_true",
+                    help="run even when voters or trajectories are copies by construction (temperature 0)")
     ap.add_argument("--out", default=None, help=f"output directory (default runs/{method})")
     ap.add_argument("--concurrency", type=int, default=64, help="questions in flight at once (default 64)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -115,8 +126,11 @@ def sac_args(ap, protocol):
                          "solution; equivocate: a different wrong answer to each neighbour (default fixed)")
     ap.add_argument("--f", dest="F", type=int, default=3, help="F: neighbours each agent may drop (default 3)")
     ap.add_argument("--rounds", type=int, default=6, help="T rounds (default 6)")
-    ap.add_argument("--topology", choices=("merg", "complete", "er", "preferential"), default="merg",
+    ap.add_argument("--topology", choices=("merg", "complete", "er", "preferential"), default=None,
                     help="the graph, verified (F+1)-robust (default merg)")
+    ap.add_argument("--graph", default=None, metavar="FILE",
+                    help="instead of --topology: an explicit edge list, JSON [[u, v], ...] on agents 0..n-1 "
+                         "(e.g. another code base's graph), checked like any topology")
     ap.add_argument("--strong-model", default=None, help="the strong agents' model (default smollm2-135m)")
     ap.add_argument("--weak-model", default=None, help="the weak agents' model (default: the strong model)")
     ap.add_argument("--adversary-model", default=None, help="a decoy's model (default: the strong model)")
@@ -127,6 +141,10 @@ def sac_args(ap, protocol):
                          "(logprob)" + ("; CP-WBFT does not score and ignores it" if protocol == "cpwbft" else ""))
     ap.add_argument("--max-tokens", type=int, default=1000,
                     help="new tokens per solve, refine or decoy solution (default 1000)")
+    from .protocols.prompts import TEMPERATURE
+    ap.add_argument("--temperature", type=float, default=TEMPERATURE,
+                    help=f"sampling temperature of every call (default {TEMPERATURE}, the paper's); each request "
+                         "is seeded from --seed, the problem, the agent, the round and its purpose")
     if protocol == "sac":
         ap.add_argument("--judge-max-tokens", type=int, default=1000,
                         help="new tokens per judgement in generate mode (default 1000)")
@@ -140,27 +158,6 @@ def sac_args(ap, protocol):
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def check_model(name):
-    """Fail on an unknown model without loading it. Local names and paths resolve for certain; a hub
-    id not in the local cache is looked up on the hub, and accepted when the hub cannot be reached."""
-    from pathlib import Path
-    from .engine.loader import _HUB_ID, resolve_model
-    if name is None or Path(name).expanduser().exists() or not _HUB_ID.match(name):
-        resolve_model(name)
-        return
-    try:
-        from huggingface_hub import HfApi, try_to_load_from_cache
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return
-        HfApi().model_info(name, timeout=10)
-    except ImportError:
-        return
-    except Exception as error:
-        if type(error).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "HFValidationError"):
-            raise ValueError(f"unknown model {name!r}: not on the Hugging Face hub ({type(error).__name__})")
-        # offline or hub trouble: the loader reports it when the model is loaded
 
 
 def load_questions(args):
@@ -188,10 +185,11 @@ def load_questions(args):
 
 def prepare_run(args):
     """Check every argument and load the questions; nothing heavy is loaded here."""
+    from .engine.loader import DEFAULT_MODEL
     from .experiments.rr import check_config
     m = args.trajectories if args.trajectories is not None or args.method != "rrmaj" else args.agents
     check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
-                 args.temperature)
+                 args.temperature, args.order, allow_identical=True)  # the settings alone first
     if args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     if args.limit is not None and args.limit < 1:
@@ -204,6 +202,10 @@ def prepare_run(args):
             raise ValueError(f"--models names {len(models)} models for --agents {args.agents}; give one per agent")
     else:
         models = [args.model] * args.agents
+    # Copies by construction (temperature 0, same model and prompt) are refused here, before any load.
+    check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
+                 args.temperature, args.order, [name or DEFAULT_MODEL for name in models],
+                 allow_identical=args.allow_identical)
     tasks = load_questions(args)
     for name in dict.fromkeys(models):
         check_model(name)
@@ -212,8 +214,8 @@ def prepare_run(args):
 
 def already_done(out, tasks, print_table):
     """True (after printing the recorded table) when OUT holds every question and a summary."""
-    from .experiments.runner import SUMMARY, read_results
-    done = {r["id"] for r in read_results(out)} if Path(out).is_dir() else set()
+    from .experiments.runner import SUMMARY, is_error, read_results
+    done = {r["id"] for r in read_results(out) if not is_error(r)} if Path(out).is_dir() else set()
     if all(task.id in done for task in tasks) and (Path(out) / SUMMARY).is_file():
         print(f"all {len(tasks)} questions already done in {out}; nothing to run")
         print_table(json.loads((Path(out) / SUMMARY).read_text()))
@@ -234,7 +236,7 @@ def cmd_run(args):
     config = dict(models=[name or DEFAULT_MODEL for name in models], backend=args.backend,
                   task=args.task or ("gen-arith" if args.data is None else None), data=args.data)
     check_resume(out, settings(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
-                               args.temperature, args.seed, 0, config))  # before any model loads
+                               args.temperature, args.seed, 0, config, args.order))  # before any model loads
     if already_done(out, tasks, print_table):
         return
     kwargs = engine_kwargs(args)
@@ -242,24 +244,31 @@ def cmd_run(args):
         llms = [pool.get(name) for name in models]
         run_rr_experiment(args.method, tasks, llms, args.corrupt, args.chunk, m, args.max_len, args.attack,
                           args.temperature, args.seed, out, concurrency=args.concurrency, config=config,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, order=args.order, allow_identical=args.allow_identical)
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 
 def prepare_sac(args):
     """Check every argument of `run sac|cpwbft` (graph included) and load the questions; loads no model.
-    Returns (sampling params, model names, questions)."""
+    Returns (sampling params, model names, questions, the --graph edges or None); sets args.topology
+    ("edges" for --graph)."""
     from . import SamplingParams
     from .engine.loader import DEFAULT_MODEL
-    from .experiments.sac import check_config
+    from .experiments.sac import check_config, read_edges
+    if args.graph is not None and args.topology is not None:
+        raise ValueError("give --topology or --graph, not both")
+    edges = read_edges(args.graph) if args.graph is not None else None
+    args.topology = "edges" if edges is not None else args.topology or "merg"
     check_config(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
-                 args.topology, args.seed, args.score_mode)
+                 args.topology, args.seed, args.score_mode, edges)
     for flag in ("concurrency", "max_tokens", "judge_max_tokens"):
         value = getattr(args, flag, 1)
         if value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    params = (SamplingParams(max_tokens=args.max_tokens),
-              SamplingParams(max_tokens=getattr(args, "judge_max_tokens", 1000)))
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    params = (SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
+              SamplingParams(max_tokens=getattr(args, "judge_max_tokens", 1000), temperature=args.temperature))
     strong = args.strong_model or DEFAULT_MODEL
     weak = args.weak_model or strong  # only one model is embedded: the weak agents default to it
     adversary = args.adversary_model or strong
@@ -269,22 +278,22 @@ def prepare_sac(args):
     tasks = load_questions(args)
     for name in dict.fromkeys(m for m in models.values() if m is not None):
         check_model(name)
-    return params, models, tasks
+    return params, models, tasks, edges
 
 
 def cmd_run_sac(args):
     from .backends import LLMPool
     from .experiments.runner import check_resume
     from .experiments.sac import print_table, run_experiment, settings
-    (solve, judge), models, tasks = prepare_sac(args)
+    (solve, judge), models, tasks, edges = prepare_sac(args)
     out = args.out or f"runs/{args.method}"
     all_rounds = getattr(args, "all_rounds", False)  # CP-WBFT's flag
     logprob_kind = getattr(args, "logprob_kind", "yes")  # SAC's flag
     config = dict(models=models, backend=args.backend, task=args.task or ("gen-arith" if args.data is None else None),
-                  data=args.data)
+                  data=args.data, graph=args.graph)
     check_resume(out, settings(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F,
                                args.rounds, args.topology, args.seed, args.score_mode, logprob_kind, solve, judge,
-                               all_rounds, len(tasks), config))  # before any model loads
+                               all_rounds, len(tasks), config, edges))  # before any model loads
     if already_done(out, tasks, print_table):
         return
     with LLMPool(args.backend, **engine_kwargs(args)) as pool:
@@ -294,7 +303,7 @@ def cmd_run_sac(args):
         run_experiment(args.method, tasks, strong, weak, adversary, args.agents, args.weak, args.byzantine,
                        args.adversary, args.F, args.rounds, args.topology, args.seed, args.score_mode,
                        logprob_kind, solve, judge, all_rounds, out, args.concurrency, config,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, edges=edges)
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 

@@ -5,8 +5,8 @@ import random
 import networkx as nx
 import pytest
 
-from byzantium.protocols.graphs import (complete, erdos_renyi, f_local, is_r_robust, merg, preferential, reach,
-                                        robustness, violating_pair)
+from byzantium.protocols.graphs import (complete, erdos_renyi, f_local, from_edges, is_r_robust, merg, preferential,
+                                        reach, robustness, violating_pair)
 
 
 def _brute_force(G):
@@ -154,3 +154,32 @@ def test_f_local():
     assert not f_local(G, {1, 2}, 1)  # the hub has two
     assert f_local(G, {1, 2}, 2)
     assert f_local(merg(7), {6}, 1) and not f_local(complete(7), {4, 5, 6}, 2)
+
+
+# The reference code's gamma-MERG(7) (seed 1234): a 5-clique 0..4 plus nodes 5 and 6 tied to 0, 2, 3, 4.
+REFERENCE_MERG7 = [[0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [1, 2], [1, 3], [1, 4], [2, 3], [2, 4], [2, 5],
+                   [2, 6], [3, 4], [3, 5], [3, 6], [4, 5], [4, 6]]
+
+
+def test_from_edges_builds_exactly_the_given_graph():
+    G = from_edges(REFERENCE_MERG7, 7)
+    assert [G.degree(i) for i in range(7)] == [6, 4, 6, 6, 6, 4, 4]  # ours: [5, 5, 6, 6, 6, 4, 4]
+    assert sorted(map(sorted, G.edges)) == REFERENCE_MERG7 and robustness(G) == 4 and f_local(G, {4, 5, 6}, 3)
+    assert [merg(7).degree(i) for i in range(7)] == [5, 5, 6, 6, 6, 4, 4]
+    assert sorted(from_edges([(1, 0), (2, 1)], 3).edges) == [(0, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("edges, n, problem", [
+    ([[0, 1], [1, 2]], 4, r"nodes \[3\] have no edge"),
+    ([[0, 1], [1, 7]], 3, "outside 0..2"),
+    ([[0, -1]], 2, "outside 0..1"),
+    ([[0, 1], [1, 1]], 2, "self-loop"),
+    ([[0, 1], [1, 0]], 2, "given twice"),
+    ([[0, 1, 2]], 3, "not a pair"),
+    ([["0", "1"]], 2, "not a pair"),
+    ([[0.0, 1]], 2, "not a pair"),
+    ({"0": 1}, 2, "list of"),
+])
+def test_from_edges_refuses_a_bad_edge_list(edges, n, problem):
+    with pytest.raises(ValueError, match=problem):
+        from_edges(edges, n)

@@ -297,6 +297,21 @@ def test_unknown_choices_name_the_choices(flag, value, no_loading):
         cmd_resilience(args)  # ... and so does the command, for callers that build args themselves
 
 
+def test_the_experiment_does_not_import_the_cli():
+    # The CLI imports the experiments; the model-name check they share lives in backends.
+    import ast
+    from pathlib import Path
+
+    import byzantium.experiments.resilience as module
+    from byzantium.backends import check_model
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "cli" not in imported and "byzantium.cli" not in imported
+    assert module.check_model is check_model
+    with pytest.raises(ValueError, match="no-such-model"):
+        check_model("no-such-model")
+
+
 def test_flags_and_defaults():
     a = parser().parse_args([])
     assert (a.system, a.task, a.data, a.fault, a.pm, a.pe, a.error_type, a.faulty_role, a.defense) == \
@@ -345,6 +360,10 @@ def test_cli_sweep_runs_resumes_and_refuses_another_config(monkeypatch, tmp_path
     assert all(r["drop"] == 100 and r["recovered"] == 1.0 for r in top["rows"])
     run = json.loads((tmp_path / "spp" / "autoinject+both" / "summary.json").read_text())
     assert run["config"]["model"] == "smollm2-135m" and run["config"]["backend"] == "native"
+    # AgentVerse as the paper runs it: its solver is faulty and the critic, who saw the solver's WRONG, answers.
+    for av in read(tmp_path / "agentverse" / "autoinject")[0]:
+        assert av["faulty_role"] == "solver" and av["answer_role"] == "critic" and av["score"]["score"] == 0
+        assert "WRONG" in next(m for m in av["messages"] if m["sender"] == "solver")["text"]
     assert "Means by structure" in capsys.readouterr().out
 
     monkeypatch.setattr(byzantium.backends, "LLMPool", lambda *a, **k: pytest.fail("loaded a model"))

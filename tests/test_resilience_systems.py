@@ -86,18 +86,21 @@ FLOWS = {
     "mad": [("affirmative", []), ("negative", ["affirmative#0"]), ("affirmative", ["affirmative#0", "negative#0"]),
             ("negative", ["affirmative#0", "negative#0", "affirmative#1"]),
             ("judge", ["affirmative#0", "negative#0", "affirmative#1", "negative#1"])],
-    "agentverse": [("solver", []), ("critic_1", ["solver#0"]), ("critic_2", ["solver#0"]),
-                   ("solver", ["solver#0", "critic_1#0", "critic_2#0"]),
-                   ("critic_1", ["solver#0", "critic_1#0", "solver#1"]),
-                   ("critic_2", ["solver#0", "critic_2#0", "solver#1"]),
-                   ("solver", ["solver#0", "critic_1#0", "critic_2#0", "solver#1", "critic_1#1", "critic_2#1"])],
+    "agentverse": [("recruiter", []), ("solver", ["recruiter#0"]),
+                   ("reviewer", ["recruiter#0", "solver#0"]), ("critic", ["recruiter#0", "solver#0"]),
+                   ("solver", ["recruiter#0", "solver#0", "reviewer#0", "critic#0"]),
+                   ("reviewer", ["recruiter#0", "solver#0", "reviewer#0", "solver#1"]),
+                   ("critic", ["recruiter#0", "solver#0", "critic#0", "solver#1"]),
+                   ("solver", ["recruiter#0", "solver#0", "reviewer#0", "critic#0", "solver#1", "reviewer#1",
+                               "critic#1"]),
+                   ("critic", ["recruiter#0", "solver#0", "critic#0", "solver#1", "critic#1", "solver#2"])],
 }
 DECIDES = {"metagpt": "qa_engineer#0", "self-collab": "tester#0", "camel": "user#2", "spp": "lead#1",
-           "mad": "judge#0", "agentverse": "solver#2"}
+           "mad": "judge#0", "agentverse": "critic#2"}
 STRUCTURE = {"metagpt": "linear", "self-collab": "linear", "camel": "flat", "spp": "flat", "mad": "hierarchical",
              "agentverse": "hierarchical"}
 FAULTY = {"metagpt": "engineer", "self-collab": "coder", "camel": "assistant", "spp": "expert", "mad": "affirmative",
-          "agentverse": "critic_1"}
+          "agentverse": "solver"}
 
 
 def test_every_system_is_pinned():
@@ -116,6 +119,25 @@ def test_message_flow(name):
     assert [m["sender"] for m in record["messages"]] == [who for who, _ in FLOWS[name]]
     assert record["messages"][-1]["receivers"] == []  # the last message is the output
     assert not any(m["injected"] or m["inspected"] for m in record["messages"])
+
+
+def test_agentverse_is_the_papers_four_agents_and_the_faulty_solver_reaches_the_critic():
+    # The paper: AgentVerse has 4 agents, its final agent is the Critic, its faulty role the Solver; a
+    # fault must reach the agent that decides, not sit in a message the decider may ignore.
+    system = build_system("agentverse")
+    assert set(system.roles) == {"recruiter", "solver", "reviewer", "critic"} and system.structure == "hierarchical"
+    assert system.faulty_role == "solver" and system.answer_role == "critic"
+    llm = Scripted(system, kind_of(task()))
+    record = run(system, llm, fault=AutoInject(pm=1.0, pe=1.0, seed=1))
+    last = llm.agents()[-1]
+    assert last.who == "critic" and TOKEN.findall(record["output"]) == ["critic#2"]
+    assert record["output"] == record["messages"][-1]["text"] and record["messages"][-1]["sender"] == "critic"
+    solver = [m for m in record["messages"] if m["sender"] == "solver"]
+    assert len(solver) == 3 and all(m["injected"] for m in solver)
+    # The critic's final prompt holds every corrupted solver message, as sent.
+    shown = [m["content"] for m in last.messages if m.get("untrusted")]
+    assert all(any(m["text"] in c for c in shown) for m in solver)
+    assert "BAD <solver#2>" in shown[-1]
 
 
 def test_agents_see_own_messages_as_assistant_and_others_untrusted():
@@ -138,7 +160,7 @@ def test_independent_turns_and_problems_run_concurrently():
     system = build_system("agentverse")
     llm = Scripted(system, kind_of(task()))
     run(system, llm)
-    assert llm.max_in_flight == 2  # the two critics
+    assert llm.max_in_flight == 2  # the reviewer and the critic
     llm = Scripted(build_system("metagpt"), kind_of(task()))
 
     async def many():
@@ -150,7 +172,7 @@ def test_independent_turns_and_problems_run_concurrently():
 def test_rounds_change_the_length_of_iterative_systems():
     assert len(build_system("camel", rounds=1).turns) == 3
     assert len(build_system("mad", rounds=3).turns) == 7
-    assert len(build_system("agentverse", rounds=1).turns) == 4
+    assert len(build_system("agentverse", rounds=1).turns) == 6
     assert len(build_system("spp", rounds=2).turns) == 9
 
 
@@ -261,7 +283,7 @@ def test_challenger_adds_the_duty_to_every_profile():
     system = build_system("agentverse")
     llm = Scripted(system, kind_of(task()))
     record = run(system, llm, defense=make_defense("challenger"))
-    assert all(c.challenged for c in llm.agents()) and len(llm.agents()) == 7
+    assert all(c.challenged for c in llm.agents()) and len(llm.agents()) == 9
     assert all(p.endswith(DUTY) for p in record["profiles"].values())
 
 

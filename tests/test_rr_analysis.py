@@ -126,6 +126,23 @@ def test_final_speaker_table_and_fisher():
     assert "Track7 3c2t" in final_speaker_markdown(groups) and f"{p:.3g}" in final_speaker_markdown(groups)
 
 
+def test_final_speaker_is_who_wrote_the_last_words():
+    # Shuffled orders: the last chunk's recorded author decides, not turn mod N. A last turn that only
+    # ended the text (end of sequence, no text) leaves the final words to the speaker before it.
+    def spoken(order, texts, correct):
+        n = len(order)
+        chunks = [Chunk(order[j % n], order[j % n] < 2, 3, text, [1, 2, 3]) for j, text in enumerate(texts)]
+        return Trajectory("q", 0, "".join(texts), "A", correct, "stop", 3 * len(texts), chunks, list(order))
+
+    trajs = [spoken([3, 0, 1, 2, 4], ["a", "b", "c"], True),  # agent 1 (corrupted) wrote the last words
+             spoken([2, 4, 0, 1, 3], ["a", "b", ""], True),  # agent 0 only stopped it: agent 4 (clean) is last
+             spoken([1, 3, 0, 2, 4], ["a", " \n", ""], False),  # agent 1 (corrupted)
+             spoken([4, 2, 1, 0, 3], ["", ""], False)]  # no words at all: skipped
+    s = final_speaker(trajs)
+    assert s["table"] == [[1, 0], [1, 1]] and s["skipped"] == 1
+    assert s == final_speaker(as_json(trajs))
+
+
 # ------------------------------------------------------------------------------------ tables
 
 def test_sweep_table():

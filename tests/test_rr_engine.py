@@ -1,5 +1,6 @@
-"""Round-robin on the engine: prefill accounting of RR sessions (from the engine's stats), and MAJ / RR /
-RRMaj end to end at 3c2t on the embedded SmolLM2 (RRMaj's trajectories batched together)."""
+"""Round-robin on the engine: prefill accounting of RR sessions (from the engine's stats), MAJ / RR /
+RRMaj end to end at 3c2t on the embedded SmolLM2 (RRMaj's trajectories batched together), and seeded
+sampling: a rerun writes the same transcripts, and the shuffled orders give both final-speaker groups."""
 import asyncio
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from byzantium.backends import load_llm
 from byzantium.protocols.attacks import injection, make_agents
 from byzantium.protocols.round_robin import round_robin, rr_majority
+from byzantium.protocols.rr_analysis import final_speaker
 from byzantium.protocols.rr_prompts import agent_messages
 from byzantium.protocols.voting import majority_vote
 from byzantium.tasks import extract_answer, get_task, is_correct, normalize_answer
@@ -59,7 +61,8 @@ def test_rr_session_prefill_accounting(native):
     k, max_len, block = 8, 48, native.engine.engine.block_size
     llm = Metered(native)
     native.reset_stats()
-    traj = asyncio.run(round_robin(task, make_agents(llm, C, N), k=k, max_len=max_len))
+    traj = asyncio.run(round_robin(task, make_agents(llm, C, N), k=k, max_len=max_len, temperature=0.0,
+                                   order="fixed"))
     stats = native.stats
     assert stats["preemptions"] == 0
     prompt = {bad: len(native.render_chat(agent_messages(task, injection(task) if bad else None)))
@@ -126,7 +129,8 @@ def test_maj_rr_rrmaj_end_to_end_3c2t(native):
         for traj in [r] + rm.trajectories:
             chunks = traj.chunks
             assert chunks and 0 < traj.num_tokens <= max_len  # ended by EOS (often a corrupted agent at once) or L
-            assert [c.agent for c in chunks] == [j % N for j in range(len(chunks))]  # authors rotate
+            assert sorted(traj.order) == list(range(N))
+            assert [c.agent for c in chunks] == [traj.order[j % N] for j in range(len(chunks))]  # in its order
             assert [c.corrupted for c in chunks] == [c.agent < C for c in chunks]
             assert all(c.tokens == k for c in chunks[:-1]) and sum(c.tokens for c in chunks) == traj.num_tokens
             assert traj.text == "".join(c.text for c in chunks)
@@ -137,3 +141,30 @@ def test_maj_rr_rrmaj_end_to_end_3c2t(native):
         assert len(rm.trajectories) == N
         _check_vote(rm.vote, [t.answer for t in rm.trajectories], task.kind, N)
         assert rm.correct == is_correct(rm.answer, task.gold, task.kind)
+
+
+def test_seeded_sampling_reruns_identically_and_both_final_speakers_occur(native):
+    # The defaults: temperature 0.7, a shuffled speaking order per trajectory, a seed per request.
+    tasks = get_task("gen-arith", 3, seed=2)
+    agents = make_agents(native, 2, N)
+    k, max_len = 4, 12
+
+    async def run(seed, others=0):
+        jobs = [rr_majority(t, agents, k=k, max_len=max_len, seed=seed) for t in tasks]
+        jobs += [majority_vote(t, agents, max_tokens=max_len, seed=seed) for t in tasks]
+        jobs += [round_robin(tasks[0], agents, k=k, max_len=max_len, seed=99, index=j) for j in range(others)]
+        return (await asyncio.gather(*jobs))[:2 * len(tasks)]
+
+    def transcripts(results):
+        return [[(t.order, [c.token_ids for c in t.chunks]) for t in r.trajectories] if hasattr(r, "trajectories")
+                else [a.text for a in r.agents] for r in results]
+
+    first = asyncio.run(run(0))
+    assert transcripts(asyncio.run(run(0, others=3))) == transcripts(first)  # other requests in the batch too
+    assert transcripts(asyncio.run(run(1))) != transcripts(first)
+    rrmaj, maj = first[:len(tasks)], first[len(tasks):]
+    assert any(len({t.text for t in r.trajectories}) > 1 for r in rrmaj)  # M samples, not one counted M times
+    assert any(len({a.text for a in r.agents[C:]}) > 1 for r in maj)  # clean agents: one prompt, several votes
+    speakers = final_speaker(rrmaj)
+    assert speakers["clean_n"] > 0 and speakers["corrupt_n"] > 0
+    assert speakers["clean_n"] + speakers["corrupt_n"] + speakers["skipped"] == len(tasks) * N

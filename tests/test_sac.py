@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import networkx as nx
 import pytest
 
-from byzantium.protocols import prompts
-from byzantium.protocols.byzantine import Adversary, Agent, make_agents, stable_seed, wrong_answers
+from byzantium.protocols import byzantine, metrics, prompts, voting
+from byzantium.protocols.byzantine import Adversary, Agent, make_agents, wrong_answers
 from byzantium.protocols.graphs import complete
-from byzantium.protocols.metrics import instance_metrics, plurality, summarize
-from byzantium.protocols.sac import filter_neighbours, parse_score, run_sac
+from byzantium.protocols.metrics import instance_metrics, summarize, vote
+from byzantium.protocols.sac import JUDGE_PARAMS, SOLVE_PARAMS, filter_neighbours, parse_score, run_sac
 from byzantium.tasks import Task, get_task, is_correct
 
 TASK = Task("t1", "Compute 6 * 7.", None, "42", "number")
@@ -29,10 +29,11 @@ class ScriptedLLM:
 
     def __init__(self, name, answers, scores, refine=None):
         self.name, self.answers, self.scores, self.refine_text = name, list(answers), scores, refine
-        self.calls, self.in_flight, self.max_in_flight = [], 0, 0
+        self.calls, self.in_flight, self.max_in_flight, self.seeds = [], 0, 0, []
 
-    async def _enter(self, kind, messages):
+    async def _enter(self, kind, messages, params=None):
         self.calls.append((kind, messages))
+        self.seeds.append((kind, params.seed if params is not None else None))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         await asyncio.sleep(0)  # let every other coroutine of the gather start first
@@ -42,11 +43,11 @@ class ScriptedLLM:
     async def chat(self, messages, params=None, untrusted=False):
         system = messages[0]["content"]
         if system == prompts.JUDGE_SYSTEM:
-            await self._enter("judge", messages)
+            await self._enter("judge", messages, params)
             answer = messages[2]["content"].removeprefix("Proposed answer: ")
             return SimpleNamespace(text=f"Let me check. 6*7 = 42.\nScore: {self.scores[answer]}")
         kind = "refine" if "reliability score" in text_of(messages) else "solve"
-        await self._enter(kind, messages)
+        await self._enter(kind, messages, params)
         if kind == "refine" and self.refine_text is not None:
             return SimpleNamespace(text=self.refine_text)
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
@@ -95,6 +96,13 @@ def test_filter_drops_at_most_len_l_and_ties_keep_neighbour_order():
     (None, (0.5, False)),
     # The reference's failure: the judge is cut off mid-working; it must not be scored by "12".
     ("Let me solve: 3 * 4 = 12, so the proposed answer 12", (0.5, False)),
+    # The markdown models write.
+    ("**Score**: 0.7", (0.7, True)),
+    ("**Score:** 0.7", (0.7, True)),
+    ("Score 0.6", (0.6, True)),
+    ("Score: .7", (0.7, True)),
+    ("Final **Score** = .25.", (0.25, True)),
+    ("The scores were 3 and 4.", (0.5, False)),
 ])
 def test_parse_score(text, expected):
     assert parse_score(text) == expected
@@ -223,7 +231,7 @@ def test_adversary_is_seeded_stably_and_equivocates():
     cache = [str(v) for v in range(100)]
     a, b = Adversary(TASK, cache, seed=1, agent_id=6), Adversary(TASK, cache, seed=1, agent_id=6)
     assert a.answer == b.answer
-    assert stable_seed("x", 1) == 6866867746733880335  # pinned: the same in every process
+    assert byzantine.stable_seed is voting.stable_seed  # one stable_seed in the code base
     eq = Adversary(TASK, cache, seed=1, agent_id=6, equivocate=True)
     assert len({eq.message(i) for i in range(6)}) > 1 and eq.message(2, 1) == eq.message(2, 5)
     assert eq.confidence == 1.0
@@ -249,9 +257,58 @@ def test_metrics_on_a_hand_made_record():
     assert m["RA"] == 1.0  # "\frac{1}{2}" and "0.5" vote together (the reference's RA split them)
     assert m["H-Majority"] == 1.0
     assert m["acc"]["strong"] == [0.5, 1.0] and m["acc"]["weak"] == [0.0, 0.0] and m["acc"]["honest"][1] == 2 / 3
-    assert plurality(["3", "7", None], "number") == "3"  # tie: the first seen
+    # The vote is voting.plurality; the metrics check an answer as an agent wrote it.
+    assert not hasattr(metrics, "plurality") or metrics.plurality is voting.plurality
+    assert vote(rec, ["3", "\\frac{1}{2}", "0.5", None]) == "\\frac{1}{2}" and vote(rec, [None]) is None
     s = summarize([rec, rec])
     assert s["instances"] == 2 and s["BFTI"] == 0.25 and s["acc"]["strong"] == [0.5, 1.0]
+
+
+def hand_made(answers, roles, protocol="sac", task_id="t1", seed=0, decision=None):
+    """A record whose every round holds `answers` (one per agent, roles as given)."""
+    rnd = {"agents": [{"id": i, "answer": a} for i, a in enumerate(answers)]}
+    return {"protocol": protocol, "task_id": task_id, "seed": seed, "gold": "42", "kind": "number",
+            "decision": decision, "agents": [{"id": i, "role": r} for i, r in enumerate(roles)], "rounds": [rnd, rnd]}
+
+
+def test_ra_is_the_papers_and_ra_all_counts_the_adversaries():
+    roles = ["strong", "strong", "weak", "adversary", "adversary"]
+    sac = instance_metrics(hand_made(["42", "42", "7", "7", "7"], roles))
+    # SAC: the paper's RA is the honest agents' plurality (42); over all agents 7 wins.
+    assert sac["RA"] == 1.0 and sac["H-Majority"] == 1.0 and sac["RA-all"] == 0.0
+    # CP-WBFT: the paper's RA is the global decision, whatever the final answers are.
+    cp = instance_metrics(hand_made(["7", "7", "7", "7", "7"], roles, "cpwbft", decision="42"))
+    assert cp["RA"] == 1.0 and cp["RA-all"] == 0.0 and cp["H-Majority"] == 0.0
+    s = summarize([hand_made(["42", "42", "7", "7", "7"], roles)] * 2)
+    assert s["RA"] == 1.0 and s["RA-all"] == 0.0
+
+
+def test_vote_ties_are_drawn_with_a_key_from_the_run_seed_and_problem():
+    # Honest agents split 1-1 between right and wrong: voting.plurality's seeded draw decides, not the
+    # order of the agents (and the draw is the same in every process).
+    roles = ["strong", "weak"]
+    for answers in (["42", "7"], ["7", "42"]):
+        got = [instance_metrics(hand_made(answers, roles, task_id=f"p{k}", seed=3))["H-Majority"] for k in range(20)]
+        want = [float(voting.plurality(answers, "number", f"3:p{k}").answer == "42") for k in range(20)]
+        assert got == want and 0 < sum(got) < 20
+
+
+# ------------------------------------------------------------------------------------ request seeds
+
+def test_every_request_is_seeded_from_seed_problem_agent_round_and_purpose():
+    def run(seed):
+        scores = {"42": 0.9, "41": 0.4, "7": 0.1}
+        llms = [ScriptedLLM("a", ["42", "41"], scores), ScriptedLLM("b", ["41", "42"], scores),
+                ScriptedLLM("c", ["42"], scores)]
+        rec = asyncio.run(run_sac(TASK, complete(4), agents_on(llms, Adversary(TASK, ["7"])), F=1, T=2, seed=seed))
+        assert rec["seed"] == seed
+        return [llm.seeds for llm in llms]
+    first = run(0)
+    seeds = [s for llm in first for _, s in llm]
+    assert None not in seeds and len(set(seeds)) == len(seeds)  # every call its own seed
+    assert run(0) == first and run(1) != first  # a rerun makes the same requests
+    assert SOLVE_PARAMS.temperature == JUDGE_PARAMS.temperature == 0.1  # the paper's
+    assert byzantine.DECOY_PARAMS.temperature == 0.1
 
 
 # ------------------------------------------------------------------------------------- end to end

@@ -25,7 +25,7 @@ class ScriptedLLM:
 
     def __init__(self, answer="42", score=0.7, decoy="41", confidence="Confidence: 0.8"):
         self.answer, self.score_value, self.decoy, self.confidence = answer, score, decoy, confidence
-        self.calls = []
+        self.calls, self.params = [], []
 
     async def chat(self, messages, params=None, untrusted=False):
         system = messages[0]["content"]
@@ -33,6 +33,7 @@ class ScriptedLLM:
         if any("reliability score" in m["content"] for m in messages):
             kind = "refine"
         self.calls.append(kind)
+        self.params.append(params)
         await asyncio.sleep(0)  # let the other coroutines of a gather start first
         if kind == "judge":
             return SimpleNamespace(text=f"Score: {self.score_value}")
@@ -136,7 +137,7 @@ def test_summary_has_the_papers_metrics_and_failure_counts(tmp_path):
     tasks = get_task("gen-arith", 3, seed=0)
     sac = run_experiment("sac", tasks, ScriptedLLM(answer=tasks[0].gold), T=2, out=tmp_path / "sac",
                          progress=False, table=False)
-    for key in ("IAA", "FAA", "BFTI", "RA", "H-Majority", "acc", "group_accuracy", "answer_parse_failures",
+    for key in ("IAA", "FAA", "BFTI", "RA", "RA-all", "H-Majority", "acc", "group_accuracy", "answer_parse_failures",
                 "score_failures", "score_errors", "refine_parse_failures", "decoy_fallbacks", "engine"):
         assert key in sac, key
     assert len(sac["acc"]["strong"]) == 3 and sac["group_accuracy"]["weak"]["before"] == sac["acc"]["weak"][0]
@@ -144,7 +145,7 @@ def test_summary_has_the_papers_metrics_and_failure_counts(tmp_path):
     assert sac["config"]["protocol"] == "sac" and sac["config"]["F"] == 3 and sac["instances"] == 3
     cp = run_experiment("cpwbft", tasks, ScriptedLLM(confidence="no confidence given"), T=2, all_rounds=True,
                         out=tmp_path / "cp", progress=False, table=False)
-    assert cp["rounds_run"] == 2 and "decision_correct" in cp
+    assert cp["rounds_run"] == 2 and "RA-all" in cp
     assert cp["confidence_missing"] == 3 * 2 * 6  # problems x rounds x honest agents, counted not hidden
 
 
@@ -193,6 +194,9 @@ def no_loading(monkeypatch):
     (["--max-tokens", "0"], "--max-tokens"),
     (["--concurrency", "0"], "--concurrency"),
     (["--task", "gen-nothing"], "gen-nothing"),
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--graph", "no/such/graph.json"], "no/such/graph.json"),
+    (["--graph", "g.json", "--topology", "complete"], "not both"),
     (["--data", "no/such/file.jsonl"], "no/such/file.jsonl"),
     (["--strong-model", "no-such-model"], "no-such-model"),
     (["--weak-model", "no-weak-model"], "no-weak-model"),
@@ -221,20 +225,21 @@ def test_bad_choices_are_refused_by_the_parser(extra, problem, no_loading, capsy
 
 def test_flags_and_the_papers_defaults():
     a = parser().parse_args(["run", "sac"])
-    assert (a.agents, a.weak, a.byzantine, a.F, a.rounds, a.topology) == (7, 2, 1, 3, 6, "merg")
+    assert (a.agents, a.weak, a.byzantine, a.F, a.rounds, a.topology, a.graph) == (7, 2, 1, 3, 6, None, None)
+    assert a.temperature == 0.1 and a.seed == 0  # the paper's temperature; the topology defaults to merg
     assert (a.adversary, a.score_mode, a.backend, a.strong_model, a.weak_model) == ("fixed", "generate", "native",
                                                                                     None, None)
     argv = ["run", "cpwbft", "--agents", "9", "--weak", "3", "--byzantine", "1", "--adversary", "equivocate",
             "--f", "4", "--rounds", "2", "--topology", "preferential", "--strong-model", "a", "--weak-model", "b",
             "--backend", "hf", "--task", "gsm8k", "--data", "x.jsonl", "--limit", "5", "--seed", "3",
             "--score-mode", "logprob", "--out", "d", "--all-rounds", "--concurrency", "2", "--max-tokens", "9",
-            "--no-progress", "--device", "cpu", "--dtype", "float32"]
+            "--no-progress", "--device", "cpu", "--dtype", "float32", "--temperature", "0.7"]
     a = parser().parse_args(argv)
     assert (a.method, a.agents, a.weak, a.byzantine, a.adversary, a.F, a.rounds, a.topology) == \
         ("cpwbft", 9, 3, 1, "equivocate", 4, 2, "preferential")
     assert (a.strong_model, a.weak_model, a.backend, a.task, a.data, a.limit, a.seed, a.score_mode, a.out) == \
         ("a", "b", "hf", "gsm8k", "x.jsonl", 5, 3, "logprob", "d")
-    assert a.all_rounds and a.concurrency == 2 and a.max_tokens == 9
+    assert a.all_rounds and a.concurrency == 2 and a.max_tokens == 9 and a.temperature == 0.7
     with pytest.raises(SystemExit):  # --all-rounds is CP-WBFT's
         parser().parse_args(["run", "sac", "--all-rounds"])
     assert check_config("sac", 7, 2, 1, "fixed", 3, 6, "merg").number_of_edges() == 18
@@ -267,6 +272,77 @@ def test_cli_runs_resumes_and_refuses_another_config(monkeypatch, tmp_path, caps
     assert main(argv) == 0 and "already done" in capsys.readouterr().out
     assert main(argv[:-3] + ["--topology", "complete", "--out", str(out)]) == 2
     assert "different configuration" in capsys.readouterr().err
+
+
+class ScriptedPool:
+    """The CLI's LLMPool on scripted models."""
+
+    def __init__(self, backend, **kwargs):
+        pass
+
+    def get(self, name=None):
+        return ScriptedLLM()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+# The reference code's gamma-MERG(7) with seed 1234: degrees [6, 4, 6, 6, 6, 4, 4] (our merg(7): [5, 5, 6, 6, 6, 4, 4]).
+REFERENCE_MERG7 = [[0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [1, 2], [1, 3], [1, 4], [2, 3], [2, 4], [2, 5],
+                   [2, 6], [3, 4], [3, 5], [3, 6], [4, 5], [4, 6]]
+
+
+@pytest.mark.parametrize("method", ["sac", "cpwbft"])
+def test_graph_file_runs_exactly_that_graph(method, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(byzantium.backends, "LLMPool", ScriptedPool)
+    graph = tmp_path / "merg7.json"
+    graph.write_text(json.dumps(REFERENCE_MERG7))
+    out = tmp_path / "out"
+    assert main(["run", method, "--graph", str(graph), "--rounds", "1", "--limit", "2", "--out", str(out),
+                 "--no-progress"]) == 0
+    records, summary = read(out)
+    for r in records:
+        assert r["edges"] == REFERENCE_MERG7
+        assert [sum(i in e for e in r["edges"]) for i in range(7)] == [6, 4, 6, 6, 6, 4, 4]
+    c = summary["config"]
+    assert c["topology"] == "edges" and c["edges"] == REFERENCE_MERG7 and c["graph"] == str(graph)
+    printed = capsys.readouterr().out
+    assert "graph of 18 given edges" in printed and "RA-all" in printed and "temperature 0.1" in printed
+
+
+@pytest.mark.parametrize("content, extra, problem", [
+    ("[[0, 1], [1, 2", [], "not JSON"),
+    ('{"edges": []}', [], "list of [u, v] pairs"),
+    ("[[0, 1], [1, 2]]", [], "have no edge"),
+    (json.dumps(REFERENCE_MERG7 + [[6, 7]]), [], "outside 0..6"),
+    (json.dumps(REFERENCE_MERG7 + [[6, 6]]), [], "self-loop"),
+    (json.dumps(REFERENCE_MERG7 + [[1, 0]]), [], "given twice"),
+    (json.dumps([[i, (i + 1) % 7] for i in range(7)]), [], "not 4-robust"),
+    (json.dumps([[i, j] for i in range(7) for j in range(i + 1, 7)]), ["--weak", "3"], "not 3-local"),
+])
+def test_bad_graph_files_are_refused_before_loading(content, extra, problem, no_loading, tmp_path, capsys):
+    graph = tmp_path / "g.json"
+    graph.write_text(content)
+    assert main(["run", "sac", "--graph", str(graph), "--out", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+def test_one_run_seed_seeds_every_request_at_the_papers_temperature(tmp_path):
+    tasks = get_task("gen-arith", 2, seed=0)
+
+    def requests(seed, out):
+        llm = ScriptedLLM()
+        run_experiment("sac", tasks, llm, T=1, seed=seed, out=tmp_path / out, progress=False, table=False,
+                       concurrency=1)
+        return [(p.seed, p.temperature) for p in llm.params]
+    first = requests(0, "a")
+    assert {t for _, t in first} == {0.1} and None not in {s for s, _ in first}
+    assert len({s for s, _ in first}) == len(first)  # each request its own seed
+    assert requests(0, "b") == first and requests(5, "c") != first
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -339,5 +415,5 @@ def test_cpwbft_with_a_decoy_end_to_end_on_the_embedded_model(smollm2_dir, share
         assert adv["mode"] == "decoy" and adv["text"] is not None and isinstance(adv["fell_back"], bool)
         assert not is_correct(adv["answer"], r["gold"], r["kind"])
         assert all(0.0 <= a["confidence"] <= 1.0 for rnd in r["rounds"] for a in rnd["agents"])
-    assert {"decision_correct", "confidence_missing", "decoy_fallbacks", "BFTI"} <= set(summary)
+    assert {"RA", "RA-all", "confidence_missing", "decoy_fallbacks", "BFTI"} <= set(summary)
     assert summary["config"]["models"]["adversary"] == str(smollm2_dir)

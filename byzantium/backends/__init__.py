@@ -34,6 +34,27 @@ def load_llm(model=None, backend="native", **kwargs) -> LLM:
     return _build(backend, model_dir, str(model or DEFAULT_MODEL), kwargs)
 
 
+def check_model(name):
+    """Fail on an unknown model without loading it. Local names and paths resolve for certain; a hub
+    id not in the local cache is looked up on the hub, and accepted when the hub cannot be reached."""
+    from pathlib import Path
+    from ..engine.loader import _HUB_ID
+    if name is None or Path(name).expanduser().exists() or not _HUB_ID.match(name):
+        resolve_model(name)
+        return
+    try:
+        from huggingface_hub import HfApi, try_to_load_from_cache
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+        HfApi().model_info(name, timeout=10)
+    except ImportError:
+        return
+    except Exception as error:
+        if type(error).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "HFValidationError"):
+            raise ValueError(f"unknown model {name!r}: not on the Hugging Face hub ({type(error).__name__})")
+        # offline or hub trouble: the loader reports it when the model is loaded
+
+
 class LLMPool:
     """Loads each distinct model once (names resolving to the same directory share it)."""
 
@@ -68,4 +89,4 @@ class LLMPool:
         self.close()
 
 
-__all__ = ["BACKENDS", "LLM", "Completion", "LLMPool", "SamplingParams", "load_llm"]
+__all__ = ["BACKENDS", "LLM", "Completion", "LLMPool", "SamplingParams", "check_model", "load_llm"]

@@ -1,9 +1,12 @@
 """`byzantium demo`: MAJ vs RRMaj at N=5 across the corruption sweep (0c5t ... 5c0t) under the strong
 injection, on the embedded model and generated one-step sums (nothing downloaded).
 
-Every configuration's instances run at once through one LLM, so the engine batches them all. Writes
-OUT/results.jsonl (one line per configuration and question), OUT/summary.md (the sweep table, the clean
-ceiling, the settings and the engine's counters) and OUT/sweep.png.
+Every configuration's instances run at once through one LLM, so the engine batches them all. Agents
+sample (temperature 0.7, seeded: a rerun is identical) and each trajectory draws its speaking order, so
+RRMaj's M trajectories and MAJ's N answers are distinct samples; summary.md counts how many of them
+differ per question. Writes OUT/results.jsonl (one line per configuration and question), OUT/summary.md
+(the sweep table, a line saying what it shows, the clean ceiling, distinct samples, the settings and
+the engine's counters) and OUT/sweep.png.
 
     from byzantium.experiments.demo import run_demo
     summary = run_demo(questions=20, out="runs/demo")
@@ -15,7 +18,8 @@ from pathlib import Path
 
 from ..protocols.attacks import make_agents
 from ..protocols.round_robin import rr_majority
-from ..protocols.rr_analysis import sweep_markdown, sweep_table
+from ..protocols.rr_analysis import config_label, sweep_markdown, sweep_table
+from ..protocols.rr_prompts import TEMPERATURE
 from ..protocols.voting import majority_vote
 from ..tasks import is_correct
 from ..tasks.generators import gen_sum
@@ -54,10 +58,32 @@ def plot_sweep(table, path, ceiling=None):
     plt.close(fig)
 
 
+def verdict(table, questions):
+    """One sentence on what the sweep shows, from its Δ row (RRMaj − MAJ per corruption level)."""
+    n = table["n"]
+    delta = [(c, d) for c, d in enumerate(table["rows"][2]["values"]) if d is not None]
+    if not delta:
+        return "No corruption level has both MAJ and RRMaj results."
+    wins, losses = sum(d > 0 for _, d in delta), sum(d < 0 for _, d in delta)
+    best = max(delta, key=lambda cd: cd[1])
+    worst = min(delta, key=lambda cd: cd[1])
+    return (f"RRMaj beats MAJ at {wins} of {len(delta)} corruption levels, loses at {losses} and ties at "
+            f"{len(delta) - wins - losses}; Δ runs from {100 * worst[1]:+.1f} points ({config_label(worst[0], n)}) "
+            f"to {100 * best[1]:+.1f} ({config_label(best[0], n)}), where one question is "
+            f"{100 / questions:.1f} points.")
+
+
+def distinct(records, method, c):
+    """Mean number of distinct texts per question: RRMaj's trajectories or MAJ's replies."""
+    items = "trajectories" if method == "rrmaj" else "agents"
+    return _mean([len({x["text"] for x in r[items]}) for r in records if r["method"] == method and r["c"] == c])
+
+
 def run_demo(questions=20, out="runs/demo", model=None, corrupt=range(6), n=5, k=8, max_len=24, m=None,
-             temperature=0.0, seed=0, progress=True) -> dict:
+             temperature=TEMPERATURE, seed=0, progress=True, order="shuffle") -> dict:
     """Run the sweep; print the table; write OUT/summary.md, sweep.png and results.jsonl.
-    Returns {"table", "ceiling", "single_clean_agent", "seconds", "engine", "markdown"}."""
+    Returns {"table", "ceiling", "single_clean_agent", "distinct", "verdict", "seconds", "engine",
+    "markdown"}; distinct: {(method, c): mean distinct texts per question}."""
     from tqdm.auto import tqdm
 
     from ..backends import DEFAULT_MODEL, LLMPool
@@ -80,7 +106,7 @@ def run_demo(questions=20, out="runs/demo", model=None, corrupt=range(6), n=5, k
             if method == "maj":
                 result = await majority_vote(task, agents, "strong", max_len, temperature, seed)
             else:
-                result = await rr_majority(task, agents, m, k, max_len, "strong", temperature, seed)
+                result = await rr_majority(task, agents, m, k, max_len, "strong", temperature, seed, order=order)
             bar.update(1)
             return {"method": method, "c": c, "gold": task.gold, **to_json(result)}
 
@@ -108,15 +134,21 @@ def run_demo(questions=20, out="runs/demo", model=None, corrupt=range(6), n=5, k
                     for r in records if r["method"] == "maj" and r["c"] == 0 for a in r["agents"]])
     ceiling = acc.get((DATASET, "maj", 0))
     markdown = sweep_markdown(table)
+    says = verdict(table, questions)
+    spread = {(method, c): distinct(records, method, c) for method in METHODS for c in corrupt}
     pct = lambda x: "–" if x is None else f"{100 * x:.1f} %"
+    per_level = lambda method: ", ".join(f"{config_label(c, n)} {spread[(method, c)]:.1f}" for c in corrupt)
     lines = [
         f"# MAJ vs RRMaj under the strong injection (N={n})\n",
         f"{questions} generated one-step sums ({DATASET}, seed {seed}) on {model or DEFAULT_MODEL}; "
-        f"RRMaj: M={m} trajectories, K={k}, L={max_len}; MAJ answers up to {max_len} tokens; "
-        f"temperature {temperature}. Accuracy in %, Δ = RRMaj − MAJ in points.\n",
+        f"RRMaj: M={m} trajectories, K={k}, L={max_len}, speaking order {order}; MAJ answers up to {max_len} "
+        f"tokens; temperature {temperature}, every request seeded. Accuracy in %, Δ = RRMaj − MAJ in points.\n",
         markdown,
+        says + "\n",
         f"Clean ceiling (0c{n}t): MAJ {pct(ceiling)}, RRMaj {pct(acc.get((DATASET, 'rrmaj', 0)))}; "
         f"one clean agent alone {pct(single)}.\n",
+        f"Distinct trajectories per question (RRMaj, of M={m}): {per_level('rrmaj')}. "
+        f"Distinct replies per question (MAJ, of N={n}): {per_level('maj')}.\n",
         f"{len(jobs)} instances in {seconds:.0f} s; engine: prefill {engine['prefill_tokens']} tokens, "
         f"decode {engine['decode_tokens']} tokens, {engine['cached_tokens']} from the prefix cache, "
         f"batch of up to {engine['max_batch_seqs']} sequences.\n",
@@ -126,8 +158,8 @@ def run_demo(questions=20, out="runs/demo", model=None, corrupt=range(6), n=5, k
     plot_sweep(table, out / "sweep.png", single)
     print("\n" + text)
     print(f"written: {out / 'summary.md'}, {out / 'sweep.png'}, {out / 'results.jsonl'}")
-    return dict(table=table, ceiling=ceiling, single_clean_agent=single, seconds=seconds, engine=engine,
-                markdown=markdown)
+    return dict(table=table, ceiling=ceiling, single_clean_agent=single, distinct=spread, verdict=says,
+                seconds=seconds, engine=engine, markdown=markdown)
 
 
-__all__ = ["run_demo", "plot_sweep"]
+__all__ = ["run_demo", "plot_sweep", "verdict"]

@@ -27,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from ..engine.sampling import SamplingParams
+from ..backends import DEFAULT_MODEL, SamplingParams, check_model
 from ..protocols.resilience import (DEFENSES, FAULTS, STRUCTURES, SYSTEMS, build_system, make_defense, make_fault,
                                    run_system)
 from ..protocols.resilience.autoinject import ERROR_TYPES
@@ -35,7 +35,7 @@ from ..protocols.resilience.structures import PARAMS as AGENT_PARAMS
 from ..tasks.resilience import (BUILTIN_TASKS, DATA_FILES, RESILIENCE_TASKS, aggregate, load_resilience_task,
                                score_output)
 from .rr import engine_stats
-from .runner import SUMMARY, check_resume, read_results, run_async, to_json, write_summary
+from .runner import SUMMARY, check_resume, is_error, read_results, run_async, split_errors, to_json, write_summary
 
 TASKS = RESILIENCE_TASKS + BUILTIN_TASKS
 METRICS = {"code": "pass@1", "number": "accuracy", "math": "accuracy", "verdict": "accuracy",
@@ -134,9 +134,10 @@ async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, ou
         complete = True
     finally:
         wanted = {t.id for t in tasks}
-        records = [r for r in read_results(out) if r["id"] in wanted] if Path(out).exists() else []
+        rows = [r for r in read_results(out) if r["id"] in wanted] if Path(out).exists() else []
+        records, failed = split_errors(rows)  # error rows are counted, never scored
         summary = summarize(records, [llm])
-        summary.update(config=config, instances=len(records), total=len(tasks),
+        summary.update(config=config, instances=len(records), errors=len(failed), failed=failed, total=len(tasks),
                        complete=complete and len(records) == len(tasks), seconds=time.perf_counter() - start)
         write_summary(out, summary)
     return to_json(summary)
@@ -187,7 +188,8 @@ def print_summary(summary):
     score = summary.get("score")
     line = (f"{c['system']} ({c['structure']}) on {c['task']}, {label(c['fault'], c['defense'])}: "
             f"{summary['metric'] or 'score'} {'-' if score is None else f'{100 * score:.1f}'} "
-            f"over {summary['instances']}/{summary['total']} problems")
+            f"over {summary['instances']}/{summary['total']} problems"
+            + (f", {summary['errors']} failed (rerun to retry)" if summary.get("errors") else ""))
     if "bleu" in summary:
         line += f" (corpus BLEU {summary['bleu']:.1f}, chrF {summary['chrf']:.1f})"
     print(line)
@@ -444,7 +446,9 @@ def add_resilience_args(ap):
                     help="AutoInject: share of lines or sentences of a message corrupted (default 0.2)")
     ap.add_argument("--error-type", choices=ERROR_TYPES, default="semantic",
                     help="AutoInject's errors (default semantic)")
-    ap.add_argument("--faulty-role", default=None, help="the faulty role (default: the system's, as in the paper)")
+    defaults = ", ".join(f"{name} {build_system(name).faulty_role}" for name in SYSTEMS)
+    ap.add_argument("--faulty-role", default=None,
+                    help=f"the faulty role (default: the system's, as in the paper: {defaults})")
     ap.add_argument("--defense", choices=DEFENSES, default="none", help="the defence (default none)")
     ap.add_argument("--sweep", action="store_true",
                     help="run clean, faulty (--fault) and defended (--fault with --defense) together and print "
@@ -514,7 +518,6 @@ def prepare_resilience(args):
     if not tasks:
         raise ValueError("no problems to run")
 
-    from ..cli import check_model  # lazily: the CLI imports this module
     check_model(args.model)
 
     if args.sweep:
@@ -534,13 +537,12 @@ def prepare_resilience(args):
 
 
 def _config(args):
-    from ..engine.loader import DEFAULT_MODEL
     return dict(model=args.model or DEFAULT_MODEL, backend=args.backend, data=args.data)
 
 
 def _all_done(run_dirs, tasks) -> bool:
     for path in run_dirs.values():
-        done = {r["id"] for r in read_results(path)} if Path(path).is_dir() else set()
+        done = {r["id"] for r in read_results(path) if not is_error(r)} if Path(path).is_dir() else set()
         if not (all(t.id in done for t in tasks) and (Path(path) / SUMMARY).is_file()):
             return False
     return True

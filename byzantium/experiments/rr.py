@@ -6,15 +6,20 @@
         summary = run_rr_experiment("rrmaj", get_task("gen-track", 20), pool.get(), corrupt=3, n=5,
                                     k=32, m=5, max_len=128, out="runs/rrmaj")
 
-One JSONL line per question (every agent's answer, or every trajectory's chunks and authors);
-summary.json holds `accuracy`, the configuration, per-method details, parse failures (answer None)
-and the engine's stats summed over the distinct models.
+One JSONL line per question (every agent's answer, or every trajectory's speaking order, chunks and
+authors); summary.json holds `accuracy`, the configuration, per-method details, parse failures (answer
+None) and the engine's stats summed over the distinct models.
+
+Sampling defaults to temperature 0.7 with a seed per request from (seed, question, trajectory, turn)
+or (seed, question, agent): a rerun writes the same transcripts. A run whose voters (MAJ) or
+trajectories (RRMaj) are copies of each other by construction is refused unless allowed explicitly.
 """
 import json
 from pathlib import Path
 
 from ..protocols.attacks import ATTACKS, make_agents
-from ..protocols.round_robin import round_robin, rr_majority
+from ..protocols.round_robin import ORDERS, round_robin, rr_majority, speaking_order
+from ..protocols.rr_prompts import TEMPERATURE
 from ..protocols.voting import majority_vote
 from ..tasks import is_correct
 from .runner import SUMMARY, run_instances, to_json
@@ -24,8 +29,44 @@ ENGINE_KEYS = ("prefill_tokens", "decode_tokens", "cached_tokens", "prefill_seco
                "steps", "max_batch_seqs", "preemptions", "requests")
 
 
-def check_config(method, n, corrupt, k, m, max_len, attack, temperature):
-    """ValueError naming the bad setting (the CLI calls this before loading anything)."""
+def identical_by_construction(method, models, corrupted, m, order, temperature):
+    """Why the run's voters (MAJ) or RRMaj trajectories would be copies of each other, or None.
+
+    At temperature 0 an agent's text is a function of its context (model, prompt): two MAJ agents with
+    the same model and injection cast the same vote, and two trajectories whose turns go to the same
+    contexts in the same order are the same trajectory. A shuffled order can repeat by chance, which
+    is not refused."""
+    if temperature > 0 or method == "rr":
+        return None
+    contexts = [(model, bool(bad)) for model, bad in zip(models, corrupted)]
+    if method == "maj":
+        for i, context in enumerate(contexts):
+            j = contexts.index(context)
+            if j != i:
+                return f"MAJ agents {j} and {i} have the same model and prompt: at temperature 0 they vote the same"
+        return None
+    if m < 2:
+        return None
+    if len(set(contexts)) == 1:
+        return (f"all {len(contexts)} agents have the same model and prompt: at temperature 0 the M={m} "
+                "trajectories are one")
+    if order != "shuffle":
+        seen = {}
+        for j in range(m):
+            turns = tuple(contexts[a] for a in speaking_order(len(contexts), order, index=j))
+            if turns in seen:
+                return (f"with --order {order}, trajectories {seen[turns]} and {j} give the same models and prompts "
+                        "the same turns: at temperature 0 they are one trajectory")
+            seen[turns] = j
+    return None
+
+
+def check_config(method, n, corrupt, k, m, max_len, attack, temperature, order="shuffle", models=None,
+                 corrupted=None, allow_identical=False):
+    """ValueError naming the bad setting (the CLI calls this before loading anything).
+
+    models: one model (name or LLM) per agent (default: all on one); corrupted: one flag per agent
+    (default: agents 0..c-1)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if n < 1:
@@ -42,6 +83,14 @@ def check_config(method, n, corrupt, k, m, max_len, attack, temperature):
         raise ValueError(f"unknown --attack {attack!r}; choose one of {', '.join(ATTACKS)}")
     if temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
+    if order not in ORDERS:
+        raise ValueError(f"unknown --order {order!r}; choose one of {', '.join(ORDERS)}")
+    models = [None] * n if models is None else list(models)
+    corrupted = [i < corrupt for i in range(n)] if corrupted is None else list(corrupted)
+    reason = identical_by_construction(method, models, corrupted, n if m is None else m, order, temperature)
+    if reason and not allow_identical:
+        raise ValueError(f"{reason}. Sample (--temperature > 0; default {TEMPERATURE}) or pass --allow-identical "
+                         "to run it anyway")
 
 
 def engine_stats(llms):
@@ -67,22 +116,25 @@ def _mean(values):
 
 def _details(method, records):
     """Numbers beyond accuracy: per-agent (MAJ) or per-trajectory (RR, RRMaj) accuracy and failures."""
+    from ..protocols.rr_analysis import final_chunk  # here: it imports scipy, which refusals need not wait for
     if method == "maj":
         answers = [(a, r) for r in records for a in r["agents"]]
         ok = lambda group: _mean(is_correct(a["answer"], r["gold"], r["kind"]) for a, r in group)
         return {"agent_accuracy_honest": ok([(a, r) for a, r in answers if not a["corrupted"]]),
                 "agent_accuracy_corrupted": ok([(a, r) for a, r in answers if a["corrupted"]]),
                 "agent_parse_failures": sum(a["answer"] is None for a, _ in answers),
+                "distinct_replies": _mean(len({a["text"] for a in r["agents"]}) for r in records),
                 "ties": sum(r["vote"]["tie"] for r in records)}
     trajectories = [t for r in records for t in (r["trajectories"] if method == "rrmaj" else [r])]
-    last = [t["chunks"][-1]["corrupted"] for t in trajectories if t["chunks"]]
+    last = [speaker["corrupted"] for speaker in map(final_chunk, trajectories) if speaker is not None]
     details = {"trajectories": len(trajectories),
                "trajectory_accuracy": _mean(t["correct"] for t in trajectories),
                "trajectory_parse_failures": sum(t["answer"] is None for t in trajectories),
                "finished_by_eos": sum(t["finish_reason"] == "stop" for t in trajectories),
                "mean_tokens": _mean(t["num_tokens"] for t in trajectories),
                "last_speaker_corrupted": _mean(last)}
-    if method == "rrmaj":
+    if method == "rrmaj":  # mean distinct trajectory texts per question, of M
+        details["distinct_trajectories"] = _mean(len({t["text"] for t in r["trajectories"]}) for r in records)
         details["ties"] = sum(r["vote"]["tie"] for r in records)
     return details
 
@@ -101,11 +153,14 @@ def print_table(summary):
     config = f"{c['corrupt']}c{c['agents'] - c['corrupt']}t"
     if c["method"] != "maj":
         config += f" K={c['k']} L={c['max_len']}" + (f" M={c['m']}" if c["method"] == "rrmaj" else "")
+        config += f" order={c.get('order')}"
+    config += f" T={c['temperature']:g}"
     acc = summary["accuracy"]
     e = summary["engine"]
-    rows = [("method", "config", "attack", "questions", "accuracy", "parse fail", "prefill", "decode", "cached"),
+    rows = [("method", "config", "attack", "questions", "errors", "accuracy", "parse fail", "prefill", "decode",
+             "cached"),
             (c["method"].upper(), config, c["attack"], f"{summary['instances']}/{summary['total']}",
-             "-" if acc is None else f"{acc:.3f}", str(summary["parse_failures"]), str(e["prefill_tokens"]),
+             str(summary.get("errors", 0)), "-" if acc is None else f"{acc:.3f}", str(summary["parse_failures"]), str(e["prefill_tokens"]),
              str(e["decode_tokens"]), str(e["cached_tokens"]))]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -114,38 +169,41 @@ def print_table(summary):
     print(f"({extra})")
 
 
-def settings(method, n, corrupt, k, m, max_len, attack, temperature, seed, attack_seed=0, config=None):
+def settings(method, n, corrupt, k, m, max_len, attack, temperature, seed, attack_seed=0, config=None,
+             order="shuffle"):
     """The configuration recorded in summary.json (and compared on resume)."""
     return dict(method=method, agents=n, corrupt=corrupt, k=k if method != "maj" else None,
                 m=(n if m is None else m) if method == "rrmaj" else None, max_len=max_len, attack=attack,
-                temperature=float(temperature), seed=seed, attack_seed=attack_seed, **(config or {}))
+                temperature=float(temperature), seed=seed, attack_seed=attack_seed,
+                order=order if method != "maj" else None, **(config or {}))
 
 
 def run_rr_experiment(method, tasks, llms, corrupt=0, k=100, m=None, max_len=512, attack="strong",
-                      temperature=0.0, seed=0, out="runs/rr", n=None, attack_seed=0, concurrency=64,
-                      config=None, progress=True, table=True) -> dict:
+                      temperature=TEMPERATURE, seed=0, out="runs/rr", n=None, attack_seed=0, concurrency=64,
+                      config=None, progress=True, table=True, order="shuffle", allow_identical=False) -> dict:
     """Run `method` on every task (resuming from OUT); returns the summary written to OUT/summary.json.
 
     llms: one LLM shared by n agents, or a list with one per agent. m: RRMaj trajectories (default N).
-    config: extra settings to record (model names, task, backend); a rerun into an OUT written with a
-    different configuration is refused."""
+    order: each trajectory's speaking order (shuffle, rotate or fixed). config: extra settings to record
+    (model names, task, backend); a rerun into an OUT written with a different configuration is refused."""
     agents = make_agents(llms, corrupt, n)
     n = len(agents)
     m = n if m is None else m
     c = sum(a.corrupted for a in agents)
-    check_config(method, n, c, k, m, max_len, attack, temperature)
+    llm_list = [a.llm for a in agents]
+    check_config(method, n, c, k, m, max_len, attack, temperature, order, llm_list, [a.corrupted for a in agents],
+                 allow_identical)
 
     async def solve(task):
         if method == "maj":
             result = await majority_vote(task, agents, attack, max_len, temperature, seed, attack_seed)
         elif method == "rr":
-            result = await round_robin(task, agents, k, max_len, attack, temperature, seed, 0, attack_seed)
+            result = await round_robin(task, agents, k, max_len, attack, temperature, seed, 0, attack_seed, order)
         else:
-            result = await rr_majority(task, agents, m, k, max_len, attack, temperature, seed, attack_seed)
+            result = await rr_majority(task, agents, m, k, max_len, attack, temperature, seed, attack_seed, order)
         return {"gold": task.accepted, "kind": task.kind, **to_json(result)}
 
-    llm_list = [a.llm for a in agents]
-    recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config)
+    recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config, order)
     run_instances(tasks, solve, out, key=lambda t: t.id, concurrency=concurrency,
                   stats=lambda: engine_stats(llm_list), config=recorded,
                   summarize=lambda records: summarize(method, records, llm_list),
@@ -156,4 +214,5 @@ def run_rr_experiment(method, tasks, llms, corrupt=0, k=100, m=None, max_len=512
     return summary
 
 
-__all__ = ["METHODS", "check_config", "engine_stats", "summarize", "print_table", "settings", "run_rr_experiment"]
+__all__ = ["METHODS", "identical_by_construction", "check_config", "engine_stats", "summarize", "print_table",
+           "settings", "run_rr_experiment"]

@@ -6,17 +6,21 @@
         summary = run_experiment("sac", get_task("gen-arith", 20), pool.get(), n=7, weak=2, byzantine=1,
                                  F=3, T=6, topology="merg", out="runs/sac")
 
-Agents 0.. are strong, then weak, then adversarial (the paper's n=7 line-up: 4, 2, 1). The graph is
-built once per run and checked first: (F+1)-robust, the faulty set (weak + adversarial agents) F-local,
-every degree above F. One JSONL line per problem holds the protocol's whole transcript; summary.json
-holds the paper's metrics (IAA, FAA, BFTI, RA, H-Majority, per-group and per-round accuracy), failure
-counts, the configuration and the engines' stats.
+Agents 0.. are strong, then weak, then adversarial (the paper's n=7 line-up: 4, 2, 1). The graph (a
+named topology, or an explicit edge list: `edges=[[u, v], ...]`, `--graph FILE`) is built once per run
+and checked first: (F+1)-robust, the faulty set (weak + adversarial agents) F-local, every degree above
+F. Sampling defaults to the paper's temperature 0.1; the one run seed picks the problems of a generated
+task, the adversaries' wrong answers and the Erdos-Renyi graph, and seeds every request from (seed,
+problem, agent, round, purpose), so a rerun writes the same transcripts. One JSONL line per problem
+holds the protocol's whole transcript; summary.json holds the paper's metrics (IAA, FAA, BFTI, RA as the
+paper computes it, our all-agent RA-all, H-Majority, per-group and per-round accuracy), failure counts,
+the configuration and the engines' stats.
 """
 import json
 from pathlib import Path
 
-from ..engine.sampling import SamplingParams
-from ..protocols import graphs
+from ..backends.params import SamplingParams
+from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft
 from ..protocols.metrics import COUNTS, GROUPS, summarize as summarize_metrics
@@ -28,8 +32,13 @@ PROTOCOLS = ("sac", "cpwbft")
 TOPOLOGIES = ("merg", "complete", "er", "preferential")
 
 
-def build_graph(topology, n, F, seed=0):
-    """The communication graph; preferential and Erdos-Renyi are built for r = F + 1."""
+def build_graph(topology, n, F, seed=0, edges=None):
+    """The communication graph; preferential and Erdos-Renyi are built for r = F + 1; topology "edges"
+    is the explicit edge list `edges`."""
+    if topology == "edges":
+        if edges is None:
+            raise ValueError("topology 'edges' needs the edge list (--graph FILE)")
+        return graphs.from_edges(edges, n)
     if topology == "complete":
         return graphs.complete(n)
     if topology == "merg":
@@ -44,12 +53,24 @@ def build_graph(topology, n, F, seed=0):
     raise ValueError(f"unknown --topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
 
 
+def read_edges(path):
+    """The edge list in a JSON file ([[u, v], ...]); ValueError naming the file and the problem."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"--graph {path}: cannot read it ({error.strerror or error})") from None
+    except ValueError as error:
+        raise ValueError(f"--graph {path}: not JSON ({error})") from None
+
+
 def _set(nodes):
     return "{" + ", ".join(map(str, sorted(nodes))) + "}"
 
 
-def check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed=0, score_mode="generate"):
-    """ValueError naming the bad setting (the CLI calls this before loading anything); returns the graph."""
+def check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed=0, score_mode="generate",
+                 edges=None):
+    """ValueError naming the bad setting (the CLI calls this before loading anything); returns the graph.
+    topology "edges": the explicit edge list `edges`, checked like any built graph."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     if n < 1:
@@ -68,15 +89,18 @@ def check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed=0
         raise ValueError(f"unknown --adversary {adversary!r}; choose one of {', '.join(ADVERSARY_MODES)}")
     if score_mode not in SCORE_MODES:
         raise ValueError(f"unknown --score-mode {score_mode!r}; choose one of {', '.join(SCORE_MODES)}")
-    G = build_graph(topology, n, F, seed)
-    name = f"the {topology} graph on {n} agents"
+    try:
+        G = build_graph(topology, n, F, seed, edges)
+    except ValueError as error:
+        raise ValueError(f"--graph: {error} (one node per agent, --agents {n})") if topology == "edges" else error
+    name = "the graph given by --graph" if topology == "edges" else f"the {topology} graph on {n} agents"
 
     pair = graphs.violating_pair(G, F + 1)
     if pair is not None:
         s1, s2 = pair
         raise ValueError(f"{name} is not {F + 1}-robust (F+1 with --f {F}): neither {_set(s1)} nor {_set(s2)} "
                          f"has an agent with {F + 1} neighbours outside its own set; lower --f or choose "
-                         f"another --topology")
+                         f"another graph")
     low = [i for i in sorted(G.nodes) if G.degree(i) <= F]
     if low:
         raise ValueError(f"--f {F} is not below the degree of agent {low[0]} ({G.degree(low[0])} neighbours) in "
@@ -91,11 +115,12 @@ def check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed=0
 
 
 def settings(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, logprob_kind,
-             solve_params, judge_params, all_rounds, problems, config=None):
+             solve_params, judge_params, all_rounds, problems, config=None, edges=None):
     """The configuration recorded in summary.json (and compared on resume)."""
     sac = protocol == "sac"
     return dict(protocol=protocol, agents=n, strong=n - weak - byzantine, weak=weak, byzantine=byzantine,
-                adversary=adversary if byzantine else None, F=F, T=T, topology=topology, seed=seed,
+                adversary=adversary if byzantine else None, F=F, T=T, topology=topology,
+                edges=sorted(sorted(e) for e in edges) if edges is not None else None, seed=seed,
                 score_mode=score_mode if sac else None,
                 logprob_kind=logprob_kind if sac and score_mode == "logprob" else None,
                 max_tokens=solve_params.max_tokens, temperature=float(solve_params.temperature),
@@ -127,8 +152,10 @@ def print_table(summary):
     if c["byzantine"]:
         line_up += f": {c['adversary']}"
     mode = f", {c['score_mode']} scoring" if c["protocol"] == "sac" else ""
-    print(f"{c['protocol'].upper()}: n={c['agents']} ({line_up}), F={c['F']}, T={c['T']}, {c['topology']}{mode}; "
-          f"{summary['instances']}/{summary['total']} problems")
+    graph = f"graph of {len(c['edges'])} given edges" if c.get("edges") else c["topology"]
+    print(f"{c['protocol'].upper()}: n={c['agents']} ({line_up}), F={c['F']}, T={c['T']}, {graph}{mode}, "
+          f"temperature {c['temperature']}, seed {c['seed']}; {summary['instances']}/{summary['total']} problems"
+          + (f", {summary['errors']} failed (rerun to retry)" if summary.get("errors") else ""))
     if not summary.get("acc"):
         return
     rounds = len(summary["acc"]["all"])
@@ -138,10 +165,12 @@ def print_table(summary):
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
     head = (f"IAA {_num(summary['IAA'])}  FAA {_num(summary['FAA'])}  BFTI {_num(summary['BFTI'], True)}  "
-            f"RA {_num(summary['RA'])}  H-Majority {_num(summary['H-Majority'])}")
-    if "decision_correct" in summary:
-        head += f"  decision {_num(summary['decision_correct'])}  rounds run {summary['rounds_run']:.2f}"
+            f"RA {_num(summary['RA'])}  RA-all {_num(summary.get('RA-all'))}  H-Majority {_num(summary['H-Majority'])}")
+    if "rounds_run" in summary:
+        head += f"  rounds run {summary['rounds_run']:.2f}"
     print(head)
+    ra = "honest agents' plurality" if c["protocol"] == "sac" else "the global decision"
+    print(f"RA: {ra} (the paper's); RA-all: plurality of all agents, adversaries included (ours)")
     print("failures: " + ", ".join(f"{k.replace('_', ' ')} {summary[k]}" for k in _counts(c) if k in summary))
     e = summary["engine"]
     print(f"engine: prefill {e['prefill_tokens']}, decode {e['decode_tokens']}, cached {e['cached_tokens']} tokens; "
@@ -151,32 +180,37 @@ def print_table(summary):
 def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=None, n=7, weak=2, byzantine=1,
                    adversary="fixed", F=3, T=6, topology="merg", seed=0, score_mode="generate",
                    logprob_kind="yes", solve_params=None, judge_params=None, all_rounds=False, out="runs/sac",
-                   concurrency=64, config=None, progress=True, table=True) -> dict:
+                   concurrency=64, config=None, progress=True, table=True, edges=None) -> dict:
     """Run SAC or CP-WBFT on every task (resuming from OUT); returns the summary written to OUT/summary.json.
 
     weak_llm and adversary_llm (a decoy's model) default to strong_llm. The adversaries' cache of wrong
-    answers is the gold answers of the OTHER tasks of the run (each checked wrong per problem). config:
-    extra settings to record (model names, task, backend); a rerun into an OUT written with a different
-    configuration is refused."""
-    graph = check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode)
+    answers is the gold answers of the OTHER tasks of the run (each checked wrong per problem).
+    solve_params / judge_params default to 1000 new tokens at the paper's temperature 0.1; their seed is
+    replaced per request (from `seed`). edges: an explicit edge list [[u, v], ...] instead of `topology`.
+    config: extra settings to record (model names, task, backend); a rerun into an OUT written with a
+    different configuration is refused."""
+    if edges is not None:
+        topology = "edges"
+    graph = check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, edges)
     if logprob_kind not in LOGPROB_KINDS:
         raise ValueError(f"unknown logprob kind {logprob_kind!r}; choose one of {', '.join(LOGPROB_KINDS)}")
     weak_llm = strong_llm if weak_llm is None else weak_llm
     adversary_llm = strong_llm if adversary_llm is None else adversary_llm
-    solve_params = solve_params or SamplingParams(max_tokens=1000)
-    judge_params = judge_params or SamplingParams(max_tokens=1000)
+    solve_params = solve_params or SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
+    judge_params = judge_params or SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
     cache = [(t.id, t.gold) for t in tasks]
 
     async def solve(task):
         agents = make_agents(strong_llm, weak_llm, n, weak, byzantine, task, cache, seed, mode=adversary,
                              adversary_llm=adversary_llm, adversary_params=solve_params)
         if protocol == "sac":
-            return await run_sac(task, graph, agents, F, T, score_mode, solve_params, judge_params, logprob_kind)
-        return await run_cpwbft(task, graph, agents, T, solve_params, run_all_rounds=all_rounds)
+            return await run_sac(task, graph, agents, F, T, score_mode, solve_params, judge_params, logprob_kind,
+                                 seed=seed)
+        return await run_cpwbft(task, graph, agents, T, solve_params, run_all_rounds=all_rounds, seed=seed)
 
     llms = [strong_llm] + ([weak_llm] if weak else []) + ([adversary_llm] if byzantine and adversary == "decoy" else [])
     recorded = settings(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, logprob_kind,
-                        solve_params, judge_params, all_rounds, len(tasks), config)
+                        solve_params, judge_params, all_rounds, len(tasks), config, edges)
     run_instances(tasks, solve, out, key=lambda t: t.id, concurrency=concurrency,
                   stats=lambda: engine_stats(llms), config=recorded,
                   summarize=lambda records: summarize(records, llms), desc=protocol.upper(), progress=progress)
@@ -194,5 +228,5 @@ def run_cpwbft_experiment(tasks, strong_llm, **kwargs) -> dict:
     return run_experiment("cpwbft", tasks, strong_llm, **kwargs)
 
 
-__all__ = ["PROTOCOLS", "TOPOLOGIES", "build_graph", "check_config", "settings", "summarize", "print_table",
-           "run_experiment", "run_sac_experiment", "run_cpwbft_experiment"]
+__all__ = ["PROTOCOLS", "TOPOLOGIES", "build_graph", "read_edges", "check_config", "settings", "summarize",
+           "print_table", "run_experiment", "run_sac_experiment", "run_cpwbft_experiment"]

@@ -10,20 +10,24 @@ The adversary does not run the protocol. Its modes:
                 it is verified wrong, else the fixed answer (recorded as `fell_back`)
 It reports confidence 1.0 to confidence-based protocols. A decoy needs one model call per problem:
 protocols `await prepare_adversaries(agents)` before reading any adversary's answer. All choices are
-seeded with hashlib digests, never Python `hash()` (salted per process).
+seeded with `voting.stable_seed` (hashlib digests, never Python `hash()`, which is salted per process).
+
+Request seeds: every model call of SAC and CP-WBFT is sampled with `seeded(params, seed, problem, agent,
+round, purpose)`, so a rerun with the same run seed makes the same requests and gets the same texts.
 """
 import asyncio
 import dataclasses
-import hashlib
 import random
 from dataclasses import dataclass
 
-from ..engine.sampling import SamplingParams
+from ..backends.params import SamplingParams
 from ..tasks import normalize_answer
 from . import prompts
+from .distractor import distractor
+from .plurality import stable_seed
 
 ADVERSARY_MODES = ("fixed", "decoy", "equivocate")
-DECOY_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
+DECOY_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 
 # Written for this project. The decoy is not shown the gold answer: it aims for a plausible slip, and
 # the check afterwards makes sure the slip really is wrong.
@@ -37,10 +41,9 @@ DECOY_SYSTEM = (
 ROLES = ("strong", "weak", "adversary")
 
 
-def stable_seed(*parts) -> int:
-    """The same integer for the same parts in every process."""
-    text = "\x1f".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+def seeded(params, seed, task_id, agent, round, purpose, *more):
+    """params with the request's own sampling seed from (run seed, problem, agent, round, purpose, ...)."""
+    return dataclasses.replace(params, seed=stable_seed(seed, task_id, agent, round, purpose, *more))
 
 
 @dataclass
@@ -82,15 +85,8 @@ def wrong_answers(task, cache) -> list:
 
 
 def _fallback_wrong(task) -> str:
-    """A wrong answer when the cache has none for this problem (still checked wrong)."""
-    if task.kind == "choice":
-        return next(l for l in task.letters if l != task.gold)
-    if task.kind == "bool":
-        return "no" if normalize_answer(task.gold, "bool") == "yes" else "yes"
-    try:
-        return str(int(float(task.gold)) + 1)
-    except ValueError:
-        return f"{task.gold} + 1"
+    """A wrong answer when the cache has none for this problem: the injection's target, verified wrong."""
+    return distractor(task)
 
 
 def decoy_prompt(task) -> list:
@@ -118,8 +114,8 @@ class Adversary:
         self.seed = (seed, task.id, agent_id)
         rng = random.Random(stable_seed(*self.seed))
         self._answer = rng.choice(self.pool)  # the fixed answer (a decoy's fallback)
-        # A decoy samples with its own seed: deterministic even at temperature > 0.
-        self.params = dataclasses.replace(params or DECOY_PARAMS, seed=stable_seed(*self.seed, "decoy") % 2**63)
+        # A decoy samples with its own seed (round 0): deterministic even at temperature > 0.
+        self.params = seeded(params or DECOY_PARAMS, seed, task.id, agent_id, 0, "decoy")
         self.text, self.fell_back = None, None  # the decoy's solution; whether it fell back to `fixed`
         self.ready = mode != "decoy"
 

@@ -1,37 +1,52 @@
 """CP-WBFT as its reference code implements it (the baseline SAC is compared with).
 
 Each round: every honest agent solves from scratch and reports `Confidence: c`; adversaries send their
-answer with confidence 1.0; each honest agent then adopts, without an LLM call, the answer group (self +
-neighbours) with the highest MEAN reported confidence, ties by count (so one agent at 1.0 beats six at
-0.9); the global decision is, over all agents, the answer with the highest mean of the confidences
->= 0.5 (all of them if none is), ties by count. The loop stops once the decision's confidence reaches
-the convergence threshold (0.1: in practice after round 1), unless run_all_rounds is set.
+answer with confidence 1.0; each honest agent then adopts, without an LLM call, the answer group of its
+neighbours' answers (added first, by sender id) and its own (added last) with the highest MEAN reported
+confidence, ties by count, then by insertion order (so one agent at 1.0 beats six at 0.9, and on an
+exact tie the first neighbour wins, not the agent itself). The global decision goes over all agents in
+agent order: per answer the mean of the confidences >= 0.5 (all of them if none is), ties by the count
+of those kept votes, then by agent order; when every confidence is 0 it is a plain majority with
+confidence count / n. The loop stops once the decision's confidence reaches the convergence threshold
+(0.1: in practice after round 1), unless run_all_rounds is set.
+
+Ours, not the reference's: answers are grouped after `normalize_answer` ("42" and "42.0" are one
+group; the reference compared raw strings), and an agent whose group wins keeps its own spelling.
+Every request is seeded from (seed, problem, agent, round, "solve").
 """
 import asyncio
 import re
 
-from ..engine.sampling import SamplingParams
+from ..backends.params import SamplingParams
 from ..tasks import normalize_answer
 from . import prompts
-from .byzantine import prepare_adversaries
+from .byzantine import prepare_adversaries, seeded
 
-SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
+SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 CONVERGENCE = 0.1
 KEEP = 0.5  # global decision: confidences below this are ignored when any answer reaches it
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
-_CONF = re.compile(r"confidence\s*[:=]\s*\**\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(%?)", re.I)
+# The markdown models write: "Confidence: 0.8", "**Confidence**: 0.8", "**Confidence:** .8", "Confidence 80%".
+_CONF = re.compile(r"\bconfidence\**\s*[:=]?\s*\**\s*(-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))\s*(%?)", re.I)
 
 
-def parse_confidence(text):
-    """The last `Confidence: c`: "%" or a value > 1 is divided by 100; clipped to [0, 1]; missing -> 0.0."""
+def find_confidence(text):
+    """The last `Confidence: c` (markdown bold and a missing colon tolerated): "%" or a value > 1 is
+    divided by 100; clipped to [0, 1]. None when there is none."""
     hits = _CONF.findall(_THINK.sub("", text or ""))
     if not hits:
-        return 0.0
+        return None
     value, percent = float(hits[-1][0]), hits[-1][1]
     if percent or value > 1:
         value /= 100
     return min(1.0, max(0.0, value))
+
+
+def parse_confidence(text):
+    """find_confidence, with a missing confidence read as 0.0 (as the reference does)."""
+    value = find_confidence(text)
+    return 0.0 if value is None else value
 
 
 def _groups(pairs, kind):
@@ -46,9 +61,10 @@ def _groups(pairs, kind):
 
 
 def local_update(own, received, kind):
-    """own and received: (answer, confidence). Adopt the group with the highest mean confidence, ties by
-    count, then first seen (own first). Returns (answer, confidence = that group's mean)."""
-    groups = _groups([own] + list(received), kind)
+    """own and received: (answer, confidence), received in sender-id order. Neighbours are grouped first
+    and the agent's own answer last; the group with the highest mean confidence wins, ties by count, then
+    first inserted (the first neighbour's, not the agent's own). Returns (answer, that group's mean)."""
+    groups = _groups(list(received) + [own], kind)
     if not groups:
         return own
     answer, confs = max(groups.values(), key=lambda g: (sum(g[1]) / len(g[1]), len(g[1])))
@@ -58,21 +74,30 @@ def local_update(own, received, kind):
 
 
 def decide(pairs, kind):
-    """Global decision over all agents: (answer, confidence), or (None, 0.0) when nobody answered.
-    With every confidence at 0 this is a plain majority (ties by count)."""
+    """Global decision over all agents' (answer, confidence) in agent order: (answer, confidence), or
+    (None, 0.0) when nobody answered. Per answer the confidences >= KEEP are kept (all if none is); the
+    highest mean wins, ties by the number of kept votes, then agent order. Every confidence 0: plain
+    majority (ties by agent order), confidence = votes / number of agents."""
+    groups = _groups(pairs, kind)
+    if not groups:
+        return None, 0.0
+    if all(c == 0 for _, confs in groups.values() for c in confs):
+        answer, confs = max(groups.values(), key=lambda g: len(g[1]))  # max keeps the first of a tie
+        return answer, len(confs) / len(pairs)
     best = None
-    for answer, confs in _groups(pairs, kind).values():
-        strong = [c for c in confs if c >= KEEP] or confs
-        key = (sum(strong) / len(strong), len(confs))
+    for answer, confs in groups.values():
+        kept = [c for c in confs if c >= KEEP] or confs
+        key = (sum(kept) / len(kept), len(kept))
         if best is None or key > best[0]:
             best = (key, answer)
-    return (best[1], best[0][0]) if best else (None, 0.0)
+    return best[1], best[0][0]
 
 
 async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONVERGENCE,
-                     run_all_rounds=False):
+                     run_all_rounds=False, seed=0):
     """One problem instance. agents[i] sits on node i of `graph`. Returns the transcript record:
-    rounds[0] holds the first solve (before any update); rounds[t] the state after round t's update."""
+    rounds[0] holds the first solve (before any update); rounds[t] the state after round t's update.
+    seed: the run seed; each solve is sampled with its own seed from (seed, problem, agent, round)."""
     if sorted(graph.nodes) != list(range(len(agents))):
         raise ValueError(f"graph nodes must be 0..{len(agents) - 1}, one per agent")
     solve_params = solve_params or SOLVE_PARAMS
@@ -82,12 +107,15 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
     for t in range(1, T + 1):
         # Decoy adversaries write their answers alongside the first solves (later rounds: nothing to do).
         outs, _ = await asyncio.gather(
-            asyncio.gather(*(a.llm.chat(prompts.cpwbft_solve(task), solve_params) for a in honest)),
+            asyncio.gather(*(a.llm.chat(prompts.cpwbft_solve(task),
+                                        seeded(solve_params, seed, task.id, a.id, t, "solve")) for a in honest)),
             prepare_adversaries(agents))
-        solved = {a.id: (a.adversary.answer, a.adversary.confidence) for a in agents if not a.honest}
-        text = {}
+        solved, text = {}, {}
         for a, out in zip(honest, outs):
             solved[a.id], text[a.id] = (task.extract(out.text), parse_confidence(out.text)), out.text
+        for a in agents:
+            if not a.honest:
+                solved[a.id] = a.adversary.answer, a.adversary.confidence
         if t == 1:
             rounds.append({"round": 0, "agents": [
                 {"id": a.id, "role": a.role, "answer": solved[a.id][0], "confidence": solved[a.id][1],
@@ -100,14 +128,14 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
         state = dict(solved)
         for a in honest:
             state[a.id] = local_update(solved[a.id], [msg(j, a.id) for j in nbrs[a.id]], task.kind)
-        decision = decide(list(state.values()), task.kind)
+        decision = decide([state[a.id] for a in agents], task.kind)  # agent order: ties go to the lower index
         rounds.append({"round": t, "decision": decision[0], "decision_confidence": decision[1], "agents": [
             {"id": a.id, "role": a.role, "answer": state[a.id][0], "confidence": state[a.id][1],
              "solved": solved[a.id][0], "solved_confidence": solved[a.id][1], "text": text.get(a.id)}
             for a in agents]})
         if decision[1] >= threshold and not run_all_rounds:
             break
-    return {"protocol": "cpwbft", "task_id": task.id, "kind": task.kind, "gold": task.accepted,
+    return {"protocol": "cpwbft", "task_id": task.id, "kind": task.kind, "gold": task.accepted, "seed": seed,
             "T": T, "rounds_run": len(rounds) - 1, "decision": decision[0],
             "decision_confidence": decision[1], "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],

@@ -7,7 +7,8 @@ r-reachable. With reach(S) = max over i in S of |N(i) minus S|, G is r-robust if
 min over such pairs of max(reach(S1), reach(S2)) >= r, and that minimum is `robustness(G)`.
 No graph on n nodes is more than ceil(n/2)-robust. For digraphs N(i) means in-neighbours.
 
-Builders return plain networkx graphs on nodes 0..n-1; algorithms are plain functions of a graph.
+Builders return plain networkx graphs on nodes 0..n-1 (`from_edges` reads an explicit edge list);
+algorithms are plain functions of a graph.
 """
 
 import math
@@ -100,6 +101,32 @@ def erdos_renyi(n: int, r: int, seed: int, max_tries: int = 100_000) -> nx.Graph
     raise RuntimeError(
         f"erdos_renyi(n={n}, r={r}, seed={seed}): no {r}-robust sample in {max_tries} tries "
         f"(p={p:.3f}); use a denser topology (merg/complete) or raise max_tries")
+
+
+def from_edges(edges, n: int) -> nx.Graph:
+    """The undirected graph on nodes 0..n-1 with exactly these edges ([[u, v], ...]), e.g. the graph of
+    another code base. ValueError naming the problem: an entry that is not two integer node ids, a node
+    outside 0..n-1, a self-loop, an edge given twice (in either direction), a node with no edge."""
+    _check_n(n)
+    if not isinstance(edges, (list, tuple)):
+        raise ValueError(f"the edges must be a list of [u, v] pairs, got {type(edges).__name__}")
+    G = nx.empty_graph(n)
+    for k, e in enumerate(edges):
+        if not (isinstance(e, (list, tuple)) and len(e) == 2
+                and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in e)):
+            raise ValueError(f"edge {k}: {e!r} is not a pair of integer node ids [u, v]")
+        u, v = int(e[0]), int(e[1])
+        if not (0 <= u < n and 0 <= v < n):
+            raise ValueError(f"edge {k}: {e!r} names a node outside 0..{n - 1}")
+        if u == v:
+            raise ValueError(f"edge {k}: {e!r} is a self-loop: a node must not be its own neighbour")
+        if G.has_edge(u, v):
+            raise ValueError(f"edge {k}: {e!r} is given twice (edges are undirected)")
+        G.add_edge(u, v)
+    alone = [i for i in G.nodes if G.degree(i) == 0]
+    if alone:
+        raise ValueError(f"nodes {alone} have no edge: the edges must cover all nodes 0..{n - 1}")
+    return G
 
 
 # -------------------------------------------------------------------------------------- robustness

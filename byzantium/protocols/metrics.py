@@ -5,18 +5,24 @@ Per instance:
           at round 0
     FAA   final agent accuracy: the same at the last round
     BFTI  FAA - IAA
-    RA    the plurality answer of all agents at the last round is right
+    RA    as the paper's tables compute it (the reference code): for SAC the plurality answer of the
+          HONEST agents at the last round is right (so it equals H-Majority here); for CP-WBFT the
+          global decision is right
+    RA-all  ours: the plurality answer of ALL agents (adversary included) at the last round is right
     H-Majority  the plurality answer of the honest agents at the last round is right
     acc[group][t]  accuracy of "strong", "weak", "honest" agents at round t
 Every comparison and every vote goes through the tasks' `normalize_answer` / `is_correct` (the
-reference's RA used strict string equality while the others normalised). Plurality ties go to the
-answer seen first in agent order. `summarize` averages over instances and counts, rather than hides,
+reference's RA used strict string equality while the others normalised). Votes are
+`voting.plurality`, the same rule as MAJ: unreadable answers abstain, and a tie is drawn with a key
+from the run seed and the problem id (the reference iterated a Python set, so its ties depended on
+PYTHONHASHSEED). `summarize` averages over instances and counts, rather than hides,
 what fell back: answers that did not parse, scores that fell back to 0.5 (no `Score:`) or 0.0 (the
 call raised), refinements that did not parse, CP-WBFT solves without `Confidence:` (read as 0.0), and
 decoy adversaries that fell back to the fixed wrong answer.
 """
 from ..tasks import is_correct, normalize_answer
-from .cpwbft import _CONF, _THINK
+from .cpwbft import find_confidence
+from .plurality import plurality
 
 # Failure counts summed over instances (every one is also in each instance's metrics).
 COUNTS = ("answer_parse_failures", "score_failures", "score_errors", "refine_parse_failures",
@@ -47,29 +53,25 @@ def accuracy(record, t, group="all"):
     return sum(is_correct(a, record["gold"], record["kind"]) for a in _answers(record, t, ids)) / len(ids)
 
 
-def plurality(answers, kind):
-    """The most common answer after normalisation (ties: first seen); None when nobody answered."""
-    counts, first = {}, {}
-    for a in answers:
-        if a is None:
-            continue
-        key = normalize_answer(a, kind) or str(a)
-        counts[key] = counts.get(key, 0) + 1
-        first.setdefault(key, a)
-    if not counts:
-        return None
-    return first[max(counts, key=counts.get)]  # max keeps the first of equal counts (insertion order)
+def vote(record, answers):
+    """The plurality answer of `answers` as an agent wrote it (the first of the winning group), so that
+    is_correct reads an answer, not voting's canonical form; None when every voter abstained."""
+    kind = record["kind"]
+    winner = plurality(answers, kind, f"{record.get('seed', 0)}:{record.get('task_id')}").answer
+    return next((a for a in answers if a is not None and normalize_answer(a, kind) == winner), winner)
 
 
 def instance_metrics(record) -> dict:
     last = len(record["rounds"]) - 1
     gold, kind = record["gold"], record["kind"]
     iaa, faa = accuracy(record, 0), accuracy(record, last)
-    honest = _members(record, "honest")
     states = [a for r in record["rounds"] for a in r["agents"]]
+    h_majority = float(is_correct(vote(record, _answers(record, last, _members(record, "honest"))), gold, kind))
     out = {"IAA": iaa, "FAA": faa, "BFTI": faa - iaa,
-           "RA": float(is_correct(plurality(_answers(record, last, _members(record, "all")), kind), gold, kind)),
-           "H-Majority": float(is_correct(plurality(_answers(record, last, honest), kind), gold, kind)),
+           "RA": float(is_correct(record.get("decision"), gold, kind)) if record.get("protocol") == "cpwbft"
+           else h_majority,
+           "RA-all": float(is_correct(vote(record, _answers(record, last, _members(record, "all"))), gold, kind)),
+           "H-Majority": h_majority,
            "acc": {g: [accuracy(record, t, g) for t in range(last + 1)] for g in GROUPS},
            "answer_parse_failures": sum(a.get("answer") is None for a in states),
            "score_failures": sum(a.get("score_failures", 0) for a in states),
@@ -78,10 +80,9 @@ def instance_metrics(record) -> dict:
            "confidence_missing": 0,
            "decoy_fallbacks": sum(bool(x.get("fell_back")) for x in record.get("adversaries", ()))}
     if record.get("protocol") == "cpwbft":
-        out["decision_correct"] = float(is_correct(record.get("decision"), gold, kind))
         out["rounds_run"] = record.get("rounds_run", last)
         # rounds[t >= 1] hold each round's fresh solve texts (round 0 repeats round 1's).
-        out["confidence_missing"] = sum(a.get("text") is not None and not _CONF.search(_THINK.sub("", a["text"]))
+        out["confidence_missing"] = sum(a.get("text") is not None and find_confidence(a["text"]) is None
                                         for r in record["rounds"][1:] for a in r["agents"])
     return out
 
@@ -98,7 +99,7 @@ def summarize(records) -> dict:
     if not ms:
         return {"instances": 0}
     out = {"instances": len(ms)}
-    for key in ("IAA", "FAA", "BFTI", "RA", "H-Majority", "decision_correct", "rounds_run"):
+    for key in ("IAA", "FAA", "BFTI", "RA", "RA-all", "H-Majority", "rounds_run"):
         if any(key in m for m in ms):
             out[key] = _mean([m.get(key) for m in ms])
     rounds = max(len(m["acc"]["all"]) for m in ms)

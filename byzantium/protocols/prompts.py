@@ -7,6 +7,9 @@ the same prompt. The question comes before any answer, so the judge prompts of o
 long prefix that the engine's prefix cache computes once.
 """
 
+# The paper's sampling temperature for every call (solve, judge, refine; SAC and CP-WBFT alike).
+TEMPERATURE = 0.1
+
 ANSWER_FORMAT = {
     "number": "a single number",
     "math": "the final expression in LaTeX, e.g. \\frac{1}{2}",

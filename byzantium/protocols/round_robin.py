@@ -1,9 +1,15 @@
 """Token-level round-robin (RR) and RRMaj ("The Consensus Trap").
 
-RR: N agents write ONE answer together. On turn t agent t mod N continues the shared text for exactly
-K tokens (fewer only at end of sequence), reading it under its own prompt (the question, plus the
+RR: N agents write ONE answer together. On turn t agent order[t mod N] continues the shared text for
+exactly K tokens (fewer only at end of sequence), reading it under its own prompt (the question, plus the
 injection when corrupted) as its own reply in progress. The trajectory ends when any agent emits
 end-of-sequence or the text reaches L tokens; its answer is parsed from the final text.
+
+The speaking order is drawn per trajectory (`speaking_order`). With one fixed order 0..N-1 (agent t mod N)
+and agents 0..c-1 corrupted, every trajectory would open with a corrupted agent and, whenever L is reached
+after a number of turns that is 1 mod N (K=100, L=512: 6 turns), close with agent 0: the final-speaker
+analysis would have no clean-last trajectories. `shuffle` (the default) draws a permutation from
+(seed, question, trajectory); `rotate` starts trajectory m at agent m mod N; `fixed` is 0..N-1.
 
 Each distinct context (model, prompt) is one LLM session, kept between turns: on an agent's turn its
 session is extended by what the others wrote since it last wrote or read (an append prefill, never
@@ -12,19 +18,20 @@ e.g. all honest agents on one model) read identical tokens, so they share one se
 token ids between models with the same tokenizer, and text (only the new part tokenized, as plain
 untrusted text) otherwise.
 
-RRMaj: M trajectories (default M = N) run concurrently, each with its own seeds; plurality over their
-answers with MAJ's tie rule. Batching comes from the engine: the M trajectories' turns are in flight
+RRMaj: M trajectories (default M = N) run concurrently, each with its own seeds and speaking order;
+plurality over their answers with MAJ's tie rule. Batching comes from the engine: the M trajectories' turns are in flight
 at once.
 """
 import asyncio
 import json
+import random
 from dataclasses import dataclass, field
 
-from ..engine.sampling import SamplingParams
+from ..backends.params import SamplingParams
 from ..tasks import extract_answer
 from .attacks import injection
-from .rr_prompts import agent_messages
-from .voting import Vote, plurality, stable_seed
+from .rr_prompts import TEMPERATURE, agent_messages
+from .plurality import Vote, plurality, stable_seed
 
 
 @dataclass
@@ -46,6 +53,7 @@ class Trajectory:
     finish_reason: str  # "stop" (an agent ended it) or "length" (L reached)
     num_tokens: int
     chunks: list = field(default_factory=list)
+    order: list = field(default_factory=list)  # the agents' speaking order: turn t is order[t mod N]
 
     @property
     def last_agent(self):
@@ -59,6 +67,22 @@ class RRMajResult:
     correct: bool
     vote: Vote
     trajectories: list = field(default_factory=list)
+
+
+ORDERS = ("shuffle", "rotate", "fixed")
+
+
+def speaking_order(n, order="shuffle", seed=0, task_id="", index=0) -> list[int]:
+    """The agents in the order they speak in trajectory `index` of a question (then again, cyclically)."""
+    if order == "fixed":
+        return list(range(n))
+    if order == "rotate":
+        return [(index + i) % n for i in range(n)]
+    if order == "shuffle":
+        agents = list(range(n))
+        random.Random(stable_seed("order", seed, task_id, index)).shuffle(agents)
+        return agents
+    raise ValueError(f"unknown order {order!r}; choose one of {', '.join(ORDERS)}")
 
 
 class _Context:
@@ -79,11 +103,13 @@ def _chunk_text(llm, before, new, fallback):
     return full[len(head):] if full.startswith(head) else llm.decode(new)
 
 
-async def round_robin(task, agents, k=100, max_len=512, attack="strong", temperature=0.0, seed=0,
-                      index=0, attack_seed=0) -> Trajectory:
-    """One RR trajectory on one question; `index` (with `seed`) picks its sampling seeds."""
+async def round_robin(task, agents, k=100, max_len=512, attack="strong", temperature=TEMPERATURE, seed=0,
+                      index=0, attack_seed=0, order="shuffle") -> Trajectory:
+    """One RR trajectory on one question; `index` (with `seed`) picks its speaking order and its
+    sampling seeds (one per turn)."""
     if k < 1 or max_len < 1:
         raise ValueError(f"need k >= 1 and max_len >= 1, got k={k}, max_len={max_len}")
+    speakers = speaking_order(len(agents), order, seed, task.id, index)
     inject = injection(task, attack, attack_seed) if any(a.corrupted for a in agents) else None
     contexts, of_agent = {}, []
     try:
@@ -96,7 +122,7 @@ async def round_robin(task, agents, k=100, max_len=512, attack="strong", tempera
         chunks, writers, same = [], [], {}  # writers[j]: the context that wrote chunk j
         total, finish, turn = 0, "length", 0
         while total < max_len:
-            i = turn % len(agents)
+            i = speakers[turn % len(agents)]
             ctx = of_agent[i]
             new = []
             for chunk, writer in zip(chunks[ctx.seen:], writers[ctx.seen:]):
@@ -127,20 +153,20 @@ async def round_robin(task, agents, k=100, max_len=512, attack="strong", tempera
     text = "".join(c.text for c in chunks)
     answer = extract_answer(text, task.kind, task.choices)
     return Trajectory(task.id, index, text, answer, task.accepts(answer), finish, total,
-                      chunks)
+                      chunks, speakers)
 
 
-async def rr_majority(task, agents, m=None, k=100, max_len=512, attack="strong", temperature=0.0, seed=0,
-                      attack_seed=0) -> RRMajResult:
+async def rr_majority(task, agents, m=None, k=100, max_len=512, attack="strong", temperature=TEMPERATURE,
+                      seed=0, attack_seed=0, order="shuffle") -> RRMajResult:
     """RRMaj: M (default N) concurrent RR trajectories, plurality over their answers."""
     m = len(agents) if m is None else m
     if m < 1:
         raise ValueError(f"need m >= 1 trajectories, got {m}")
     trajectories = await asyncio.gather(*(
-        round_robin(task, agents, k, max_len, attack, temperature, seed, j, attack_seed) for j in range(m)))
+        round_robin(task, agents, k, max_len, attack, temperature, seed, j, attack_seed, order) for j in range(m)))
     vote = plurality([t.answer for t in trajectories], task.kind, f"{seed}:{task.id}")
     return RRMajResult(task.id, vote.answer, task.accepts(vote.answer), vote,
                        list(trajectories))
 
 
-__all__ = ["Chunk", "Trajectory", "RRMajResult", "round_robin", "rr_majority"]
+__all__ = ["Chunk", "Trajectory", "RRMajResult", "ORDERS", "speaking_order", "round_robin", "rr_majority"]

@@ -24,7 +24,7 @@ import numpy as np
 from scipy.stats import fisher_exact
 
 from ..tasks import is_correct, normalize_answer
-from .voting import plurality
+from .plurality import plurality
 
 SCALING_MS = (1, 5, 10, 20, 30, 40)
 K_SWEEP = (10, 30, 75, 150, 300, 500)
@@ -238,19 +238,28 @@ def scaling_markdown(curves):
 
 # ---------------------------------------------------------------------------- 3. final speaker
 
+def final_chunk(traj):
+    """The chunk of the trajectory's final speaker, or None: the last chunk that wrote any text. Its
+    recorded author is the agent that really spoke (the order varies per trajectory, so never turn
+    mod N); a last turn that only ended the text (end of sequence, nothing written) leaves the final
+    words to the one before."""
+    chunks = _get(traj, "chunks") or []
+    return next((c for c in reversed(chunks) if (_get(c, "text") or "").strip()), None)
+
+
 def final_speaker(results):
-    """Accuracy of trajectories whose last chunk a clean vs a corrupted agent wrote, with a two-sided
-    Fisher exact test on [[clean right, clean wrong], [corrupt right, corrupt wrong]].
-    results: RRMajResults or Trajectories. Trajectories without chunks are counted under "skipped"."""
+    """Accuracy of trajectories whose final words (`final_chunk`) a clean vs a corrupted agent wrote,
+    with a two-sided Fisher exact test on [[clean right, clean wrong], [corrupt right, corrupt wrong]].
+    results: RRMajResults or Trajectories. Trajectories with no text are counted under "skipped"."""
     table = [[0, 0], [0, 0]]
     skipped = 0
     for r in results:
         for traj in _items(r):
-            chunks = _get(traj, "chunks") or []
-            if not chunks:
+            last = final_chunk(traj)
+            if last is None:
                 skipped += 1
                 continue
-            row = 1 if _get(chunks[-1], "corrupted") else 0
+            row = 1 if _get(last, "corrupted") else 0
             table[row][0 if _get(traj, "correct") else 1] += 1
     odds, p = fisher_exact(table)
     n_clean, n_bad = sum(table[0]), sum(table[1])
@@ -303,5 +312,5 @@ def k_sweep_markdown(table):
 
 
 __all__ = ["SCALING_MS", "K_SWEEP", "accuracy", "config_label", "sweep_table", "sweep_markdown",
-           "scaling_curve", "scaling_markdown", "final_speaker",
+           "scaling_curve", "scaling_markdown", "final_chunk", "final_speaker",
            "final_speaker_by_group", "final_speaker_markdown", "k_sweep_table", "k_sweep_markdown"]

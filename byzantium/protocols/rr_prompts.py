@@ -1,4 +1,10 @@
-"""The prompt every agent of MAJ and RR reads: the same words for both, so their accuracies compare."""
+"""The prompt every agent of MAJ and RR reads, and the sampling temperature: the same for both, so their
+accuracies compare."""
+
+# The paper's method treats the M trajectories (and MAJ's N answers) as independent samples; at
+# temperature 0 agents with the same model and prompt would all write the same text. The paper states
+# no temperature; 0.7 is ours.
+TEMPERATURE = 0.7
 
 SYSTEM = "You are a careful problem solver. Reason briefly, step by step, then state the final answer."
 
@@ -19,4 +25,4 @@ def agent_messages(task, injection=None, system=SYSTEM) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
-__all__ = ["SYSTEM", "agent_messages"]
+__all__ = ["TEMPERATURE", "SYSTEM", "agent_messages"]

@@ -15,29 +15,34 @@
 Only final answer strings travel between agents. Adversaries do not run the protocol; they send
 `Adversary.message(receiver, t)` (a decoy first writes its answer, alongside round 0's solves). All
 scoring calls of a phase are issued at once (asyncio.gather), so the engine batches them together with
-those of every other instance in flight.
+those of every other instance in flight. Every call is sampled with its own seed from (run seed, problem,
+agent, round, purpose): "solve", "judge" (with the agent judged), "refine".
 """
 import asyncio
+import dataclasses
 import math
 import re
 
-from ..engine.sampling import SamplingParams
+from ..backends.params import SamplingParams
 from . import prompts
-from .byzantine import prepare_adversaries
+from .byzantine import prepare_adversaries, seeded
+from .plurality import stable_seed
 
 SCORE_MODES = ("generate", "logprob")
 LOGPROB_KINDS = ("yes", "digit")
-SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
-JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=0.0)
+SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
+JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)  # an unclosed block is all working, no verdict
-_SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?[0-9]+(?:\.[0-9]+)?)", re.I)
+# The markdown models write: "Score: 0.7", "**Score**: 0.7", "**Score:** 0.7", "Score 0.6", "Score: .7".
+_SCORE = re.compile(r"\bscore\**\s*[:=]?\s*\**\s*(-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))", re.I)
 
 
 def parse_score(text):
-    """(score, parsed): the number after the LAST `Score:` marker, clipped to [0, 1]; (0.5, False) when
-    there is none. No fallback to other numbers: a judge cut off mid-working would otherwise be scored
-    by a number from its working (the reference's "12" -> 1.0)."""
+    """(score, parsed): the number after the LAST `Score:` marker (markdown bold and a missing colon
+    tolerated), clipped to [0, 1]; (0.5, False) when there is none. No fallback to other numbers: a
+    judge cut off mid-working would otherwise be scored by a number from its working (the reference's
+    "12" -> 1.0)."""
     hits = _SCORE.findall(_THINK.sub("", text or ""))
     if not hits:
         return 0.5, False
@@ -55,7 +60,8 @@ def filter_neighbours(self_score, scores, F):
 
 
 class Scorer:
-    """score(llm, task, answer) -> {"score", "parsed", "text"} with the agent's own model."""
+    """score(llm, task, answer, seed=None) -> {"score", "parsed", "text"} with the agent's own model;
+    seed: the judge request's sampling seed (generate mode)."""
 
     def __init__(self, mode="generate", params=None, logprob_kind="yes"):
         if mode not in SCORE_MODES:
@@ -64,9 +70,10 @@ class Scorer:
             raise ValueError(f"logprob kind must be one of {LOGPROB_KINDS}, got {logprob_kind!r}")
         self.mode, self.params, self.logprob_kind = mode, params or JUDGE_PARAMS, logprob_kind
 
-    async def __call__(self, llm, task, answer):
+    async def __call__(self, llm, task, answer, seed=None):
         if self.mode == "generate":
-            out = await llm.chat(prompts.judge(task, answer), self.params)
+            params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
+            out = await llm.chat(prompts.judge(task, answer), params)
             score, parsed = parse_score(out.text)
             return {"score": score, "parsed": parsed, "text": out.text}
         if self.logprob_kind == "yes":
@@ -90,8 +97,9 @@ async def _safe(coro):
 
 
 async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params=None, judge_params=None,
-                  logprob_kind="yes"):
-    """One problem instance. agents[i] sits on node i of `graph`. Returns the transcript record."""
+                  logprob_kind="yes", seed=0):
+    """One problem instance. agents[i] sits on node i of `graph`. Returns the transcript record.
+    seed: the run seed every request's sampling seed is derived from."""
     if sorted(graph.nodes) != list(range(len(agents))):
         raise ValueError(f"graph nodes must be 0..{len(agents) - 1}, one per agent")
     if any(graph.has_edge(i, i) for i in graph.nodes):
@@ -101,14 +109,18 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
     honest = [a for a in agents if a.honest]
     nbrs = {a.id: sorted(graph.neighbors(a.id)) for a in agents}
 
+    def judge(a, t, answer, j):
+        """Agent a's judgement, in round t, of agent j's answer (j = a.id: its self-score)."""
+        return _safe(scorer(a.llm, task, answer, stable_seed(seed, task.id, a.id, t, "judge", j)))
+
     # Round 0: answer, then self-score. Decoy adversaries write their answers alongside (one batch).
-    outs, _ = await asyncio.gather(asyncio.gather(*(a.llm.chat(prompts.solve(task), solve_params) for a in honest)),
-                                   prepare_adversaries(agents))
+    outs, _ = await asyncio.gather(asyncio.gather(*(a.llm.chat(prompts.solve(task), seeded(
+        solve_params, seed, task.id, a.id, 0, "solve")) for a in honest)), prepare_adversaries(agents))
     answer = {a.id: a.adversary.answer for a in agents if not a.honest}
     text = {}
     for a, out in zip(honest, outs):
         answer[a.id], text[a.id] = task.extract(out.text), out.text
-    selfs = await asyncio.gather(*(_safe(scorer(a.llm, task, answer[a.id])) for a in honest))
+    selfs = await asyncio.gather(*(judge(a, 0, answer[a.id], a.id) for a in honest))
     phi = {a.id: s["score"] for a, s in zip(honest, selfs)}
     rounds = [_round0(agents, answer, text, phi, dict(zip([a.id for a in honest], selfs)))]
 
@@ -117,7 +129,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         def msg(j, i):
             return answer[j] if agents[j].honest else agents[j].adversary.message(i, t)
         pairs = [(a, j) for a in honest for j in nbrs[a.id]]
-        results = await asyncio.gather(*(_safe(scorer(a.llm, task, msg(j, a.id))) for a, j in pairs))
+        results = await asyncio.gather(*(judge(a, t, msg(j, a.id), j) for a, j in pairs))
         got = {(a.id, j): r for (a, j), r in zip(pairs, results)}
 
         plans = {}
@@ -128,7 +140,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         refining = [a for a in honest if plans[a.id][3]]  # empty kept set: no call
         outs = await asyncio.gather(*(a.llm.chat(prompts.refine(
             task, answer[a.id], [(msg(j, a.id), s) for j, s in plans[a.id][0] if j in plans[a.id][3]], F),
-            solve_params) for a in refining))
+            seeded(solve_params, seed, task.id, a.id, t, "refine")) for a in refining))
         new_answer, new_text, refined = dict(answer), {}, {}
         for a, out in zip(refining, outs):
             parsed = task.extract(out.text)
@@ -137,7 +149,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
                 new_answer[a.id] = parsed
 
         changed = [a for a in honest if new_answer[a.id] != answer[a.id]]
-        rescored = await asyncio.gather(*(_safe(scorer(a.llm, task, new_answer[a.id])) for a in changed))
+        rescored = await asyncio.gather(*(judge(a, t, new_answer[a.id], a.id) for a in changed))
         for a, s in zip(changed, rescored):
             phi[a.id] = s["score"]
         rescored = dict(zip([a.id for a in changed], rescored))
@@ -161,8 +173,8 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         answer = new_answer
         rounds.append({"round": t, "agents": records})
 
-    return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.accepted, "F": F, "T": T,
-            "score_mode": score_mode, "edges": sorted(map(list, graph.edges)),
+    return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.accepted, "seed": seed,
+            "F": F, "T": T, "score_mode": score_mode, "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],
             "adversaries": [{"id": a.id, **a.adversary.record()} for a in agents if not a.honest],
             "rounds": rounds}

@@ -1,47 +1,17 @@
 """Majority voting (MAJ, "The Consensus Trap"): N agents answer alone; plurality over their answers.
 
-Votes are answers parsed with `extract_answer` and grouped by `normalize_answer`; an answer that
-cannot be parsed abstains. Tie rule: among the answers tied for the most votes, one is drawn with
-random.Random(f"tie:{seed}:{task id}") over the sorted tied answers, so a tie is broken the same
-way in every run and process (never Python's `hash()`). No votes at all -> no answer (wrong).
+Votes are answers parsed with `extract_answer`, counted by `plurality.plurality` (an answer that cannot
+be parsed abstains; ties drawn with the key f"{seed}:{task id}", the same in every run and process).
+No votes at all -> no answer (wrong).
 """
 import asyncio
-import hashlib
-import random
-from collections import Counter
 from dataclasses import dataclass, field
 
-from ..engine.sampling import SamplingParams
-from ..tasks import extract_answer, normalize_answer
+from ..backends.params import SamplingParams
+from ..tasks import extract_answer
 from .attacks import injection
-from .rr_prompts import agent_messages
-
-
-def stable_seed(*parts) -> int:
-    """A 63-bit seed from any printable parts, the same in every process."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-@dataclass
-class Vote:
-    answer: str | None  # the winning normalised answer; None when every voter abstained
-    counts: dict  # normalised answer -> votes
-    abstentions: int
-    tie: bool  # the winner was drawn among tied answers
-
-
-def plurality(answers, kind, tie_key) -> Vote:
-    """Plurality over extracted answers (None = abstain); ties drawn with a seed from tie_key."""
-    normed = [normalize_answer(a, kind) for a in answers]
-    counts = Counter(a for a in normed if a is not None)
-    abstentions = len(normed) - sum(counts.values())
-    if not counts:
-        return Vote(None, {}, abstentions, False)
-    top = max(counts.values())
-    tied = sorted(a for a, c in counts.items() if c == top)
-    winner = random.Random(f"tie:{tie_key}").choice(tied) if len(tied) > 1 else tied[0]
-    return Vote(winner, dict(counts), abstentions, len(tied) > 1)
+from .plurality import Vote, plurality, stable_seed
+from .rr_prompts import TEMPERATURE, agent_messages
 
 
 @dataclass
@@ -62,9 +32,10 @@ class MajResult:
     agents: list = field(default_factory=list)  # AgentAnswer per agent
 
 
-async def majority_vote(task, agents, attack="strong", max_tokens=512, temperature=0.0, seed=0,
+async def majority_vote(task, agents, attack="strong", max_tokens=512, temperature=TEMPERATURE, seed=0,
                         attack_seed=0) -> MajResult:
-    """MAJ on one question: every agent answers alone (all at once, so the engine batches them)."""
+    """MAJ on one question: every agent answers alone (all at once, so the engine batches them), each
+    with its own sampling seed from (seed, question, agent)."""
     inject = injection(task, attack, attack_seed) if any(a.corrupted for a in agents) else None
 
     async def answer(i, agent):

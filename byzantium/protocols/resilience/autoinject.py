@@ -25,7 +25,7 @@ import json
 import random
 import re
 
-from ...engine.sampling import SamplingParams
+from ...backends import SamplingParams
 from .kinds import kind_of
 from .structures import Fault
 from .util import parse_json_object, stable_seed

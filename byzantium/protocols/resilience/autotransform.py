@@ -23,7 +23,7 @@ import json
 import os
 import re
 
-from ...engine.sampling import SamplingParams
+from ...backends import SamplingParams
 from .structures import Fault
 
 PARAMS = SamplingParams(max_tokens=1024, temperature=0.0)

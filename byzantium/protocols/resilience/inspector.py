@@ -5,7 +5,7 @@ It sees the task, the conversation so far and the new message, and answers with 
 is replaced by its revision. The message passes unchanged, counted, when the reply has no JSON object
 or no valid decision ("invalid") or calls it unsafe without a usable revision ("no_revision").
 """
-from ...engine.sampling import SamplingParams
+from ...backends import SamplingParams
 from .kinds import statement
 from .util import parse_json_object
 

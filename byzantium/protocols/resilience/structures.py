@@ -21,7 +21,7 @@ Problems run concurrently when the caller gathers `run_system` over many tasks; 
 import asyncio
 from dataclasses import dataclass, replace
 
-from ...engine.sampling import SamplingParams
+from ...backends import SamplingParams
 from .kinds import fill, kind_of, statement
 from .util import stable_seed
 

@@ -5,12 +5,13 @@
     flat          camel        user <-> assistant, `rounds` exchanges, then the user states the result
                   spp          expert, critic brainstorm; lead drafts; expert, critic give feedback; lead answers
     hierarchical  mad          affirmative <-> negative for `rounds` rounds, the judge above them decides
-                  agentverse   solver drafts; critic_1, critic_2 review (concurrently); solver revises
+                  agentverse   recruiter names the experts; solver proposes, reviewer and critic review
+                               (concurrently), solver revises, `rounds` times; the critic decides
 
 Default faulty roles are the paper's where it names one (the engineer, the coder, the assistant, a
-debater, a critic) and the domain expert persona for SPP (the persona whose knowledge the others rely
-on). The role that gives the answer is never faulty by default: the final step of each system is a
-role that reviews what it received and states the result in the task's final form ({final}).
+debater, AgentVerse's solver) and the domain expert persona for SPP (the persona whose knowledge the
+others rely on). The role that gives the answer is never faulty by default: the final step of each
+system is a role that reviews what it received and states the result in the task's final form ({final}).
 """
 from .structures import Role, System, Turn
 
@@ -142,27 +143,40 @@ def mad(faulty_role=None, rounds=None) -> System:
 
 
 def agentverse(faulty_role=None, rounds=None) -> System:
+    """AgentVerse's task-solving loop in one pass: the recruiter recruits the experts; in the vertical
+    decision stage the solver proposes and the reviewer and the critic review it (concurrently) for
+    `rounds` rounds, the solver revising each time; then the critic, in the place of AgentVerse's
+    execution and evaluation stages, checks the solver's final solution and gives the answer."""
     rounds = _rounds(rounds, 2)
-    group = "You are {} in a group that is {{job}}: one solver, two critics. "
+    group = "You are {} in a group of experts (a recruiter, a solver, a reviewer and a critic) that is {{job}}. "
     roles = {
+        "recruiter": Role("recruiter", group.format("the recruiter") +
+            "You do not solve the task. You read it and recruit the experts it needs: for the solver, the "
+            "reviewer and the critic you name the expertise each should bring and what each must watch for."),
         "solver": Role("solver", group.format("the solver") +
-            "You write {deliverable}, then revise it with the critics' reviews, accepting only criticism "
-            "that is correct. Your last version is the group's answer."),
-        "critic_1": Role("critic_1", group.format("a critic") +
-            "You review the solver's proposal for correctness: its reasoning, calculations, code behaviour "
-            "or meaning. Name each error and how to fix it; say so when it is correct."),
-        "critic_2": Role("critic_2", group.format("a critic") +
-            "You review the solver's proposal for completeness: missed requirements, edge cases and the "
-            "form of the answer. Name each problem and how to fix it; say so when there is none."),
+            "In the role the recruiter gave you, you write {deliverable} and revise it with the reviews, "
+            "accepting only criticism that is correct."),
+        "reviewer": Role("reviewer", group.format("the reviewer") +
+            "In the role the recruiter gave you, you review the solver's proposal: you name each error in its "
+            "reasoning, calculations, code behaviour or meaning and how to fix it, or say that it is correct."),
+        "critic": Role("critic", group.format("the critic") +
+            "In the role the recruiter gave you, you review the solver's proposals for errors and for missed "
+            "requirements, edge cases and the form of the answer. You also have the last word: you check the "
+            "solver's final solution and give the group's answer, correcting every error you find."),
     }
-    critics = ("critic_1", "critic_2")
-    steps = [[Turn("solver", critics, "Write your proposal: {deliverable}.")]]
+    reviewers = ("reviewer", "critic")
+    steps = [[Turn("recruiter", ("solver",) + reviewers,
+                   "Recruit the experts: say, in a few lines each, what expertise the solver, the reviewer and "
+                   "the critic should bring to this task and what each must watch for.")],
+             [Turn("solver", reviewers, "Write your proposal: {deliverable}.")]]
     for r in range(rounds):
-        steps.append([Turn(c, ("solver",), "Review the solver's latest proposal.") for c in critics])
-        if r < rounds - 1:
-            steps.append([Turn("solver", critics, "Revise your proposal with the reviews: {deliverable}.")])
-    steps.append([Turn("solver", (), "Revise with the reviews and give the group's final answer. {final}")])
-    return System("agentverse", "hierarchical", roles, steps, "solver", faulty_role or "critic_1", rounds)
+        steps.append([Turn(c, ("solver",), "Review the solver's latest proposal.") for c in reviewers])
+        last = r == rounds - 1  # the final solution goes to the critic alone, who decides
+        steps.append([Turn("solver", ("critic",) if last else reviewers,
+                           "Revise your proposal with the reviews: {deliverable}.")])
+    steps.append([Turn("critic", (), "Check the solver's final solution and give the group's final, corrected "
+                                     "answer. {final}")])
+    return System("agentverse", "hierarchical", roles, steps, "critic", faulty_role or "solver", rounds)
 
 
 def _rounds(rounds, default, most=None):

@@ -2,7 +2,7 @@
 module's), and a lenient reader for the JSON object a model was asked to reply with."""
 import json
 
-from ..voting import stable_seed  # noqa: F401 - re-exported for the resilience modules
+from ..plurality import stable_seed  # noqa: F401 - re-exported for the resilience modules
 
 
 _DECODER = json.JSONDecoder(strict=False)  # strict=False: raw newlines inside strings, common in replies
