@@ -50,6 +50,8 @@ class ScriptedLLM:
     ("Confidence: .7", 0.7),
     ("**Confidence**: 85%", 0.85),
     ("I am confident in this.", 0.0),
+    ("__Confidence__: 0.3", 0.3),
+    ("*Confidence:* 90%", 0.9),
 ])
 def test_parse_confidence(text, expected):
     assert parse_confidence(text) == pytest.approx(expected)

@@ -103,6 +103,10 @@ def test_filter_drops_at_most_len_l_and_ties_keep_neighbour_order():
     ("Score: .7", (0.7, True)),
     ("Final **Score** = .25.", (0.25, True)),
     ("The scores were 3 and 4.", (0.5, False)),
+    ("__Score__: 0.3", (0.3, True)),
+    ("*Score*: 0.2", (0.2, True)),
+    ("Score:\n**0.4**", (0.4, True)),
+    ("Underscore 0.9", (0.5, False)),
 ])
 def test_parse_score(text, expected):
     assert parse_score(text) == expected

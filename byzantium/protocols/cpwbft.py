@@ -15,7 +15,6 @@ group; the reference compared raw strings), and an agent whose group wins keeps 
 Every request is seeded from (seed, problem, agent, round, "solve").
 """
 import asyncio
-import re
 
 from ..backends.params import SamplingParams
 from ..tasks import normalize_answer
@@ -26,18 +25,13 @@ SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 CONVERGENCE = 0.1
 KEEP = 0.5  # global decision: confidences below this are ignored when any answer reaches it
 
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
-# The markdown models write: "Confidence: 0.8", "**Confidence**: 0.8", "**Confidence:** .8", "Confidence 80%".
-_CONF = re.compile(r"\bconfidence\**\s*[:=]?\s*\**\s*(-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))\s*(%?)", re.I)
-
-
 def find_confidence(text):
     """The last `Confidence: c` (markdown bold and a missing colon tolerated): "%" or a value > 1 is
     divided by 100; clipped to [0, 1]. None when there is none."""
-    hits = _CONF.findall(_THINK.sub("", text or ""))
+    hits = prompts.marked_numbers(text, "confidence")
     if not hits:
         return None
-    value, percent = float(hits[-1][0]), hits[-1][1]
+    value, percent = hits[-1]
     if percent or value > 1:
         value /= 100
     return min(1.0, max(0.0, value))

@@ -6,9 +6,22 @@ cannot forge role markers. Self-judgement uses the same layout, so self and neig
 the same prompt. The question comes before any answer, so the judge prompts of one problem share a
 long prefix that the engine's prefix cache computes once.
 """
+import re
 
 # The paper's sampling temperature for every call (solve, judge, refine; SAC and CP-WBFT alike).
 TEMPERATURE = 0.1
+
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)  # an unclosed block is all working, no verdict
+_NUMBER = r"(-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))\s*(%?)"
+
+
+def marked_numbers(text, marker):
+    """[(number, has a % sign)] written after `marker` ("Score", "Confidence"), any case, outside
+    <think> blocks, in order. Tolerates the markdown models write around the marker: `**Score**: 0.7`,
+    `**Score:** 0.7`, `__Score__: 0.7`, `*Score*: 0.7`, `Score 0.6`, `Score = .7`."""
+    pattern = rf"(?<![A-Za-z]){marker}[*_]*\s*[:=]?\s*[*_]*\s*{_NUMBER}"
+    return [(float(n), bool(pct)) for n, pct in re.findall(pattern, _THINK.sub("", text or ""), re.I)]
+
 
 ANSWER_FORMAT = {
     "number": "a single number",

@@ -21,7 +21,6 @@ agent, round, purpose): "solve", "judge" (with the agent judged), "refine".
 import asyncio
 import dataclasses
 import math
-import re
 
 from ..backends.params import SamplingParams
 from . import prompts
@@ -33,20 +32,15 @@ LOGPROB_KINDS = ("yes", "digit")
 SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)  # an unclosed block is all working, no verdict
-# The markdown models write: "Score: 0.7", "**Score**: 0.7", "**Score:** 0.7", "Score 0.6", "Score: .7".
-_SCORE = re.compile(r"\bscore\**\s*[:=]?\s*\**\s*(-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))", re.I)
-
-
 def parse_score(text):
     """(score, parsed): the number after the LAST `Score:` marker (markdown bold and a missing colon
     tolerated), clipped to [0, 1]; (0.5, False) when there is none. No fallback to other numbers: a
     judge cut off mid-working would otherwise be scored by a number from its working (the reference's
     "12" -> 1.0)."""
-    hits = _SCORE.findall(_THINK.sub("", text or ""))
+    hits = prompts.marked_numbers(text, "score")
     if not hits:
         return 0.5, False
-    return min(1.0, max(0.0, float(hits[-1]))), True
+    return min(1.0, max(0.0, hits[-1][0])), True
 
 
 def filter_neighbours(self_score, scores, F):
