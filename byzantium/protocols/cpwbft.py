@@ -23,7 +23,7 @@ from .byzantine import prepare_adversaries, seeded
 
 SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 CONVERGENCE = 0.1
-KEEP = 0.5  # global decision: confidences below this are ignored when any answer reaches it
+KEEP = 0.5  # global decision: per answer, its confidences below this are ignored (all kept if none reaches it)
 
 def find_confidence(text):
     """The last `Confidence: c` (markdown bold and a missing colon tolerated): "%" or a value > 1 is
