@@ -181,7 +181,8 @@ def init():
     mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={fsize}")
     os.mkdir("sandbox")
     bind(work, "sandbox", 0)
-    os.symlink("sandbox", "tmp")
+    if not os.path.lexists("tmp"):  # a Python installed under /tmp made it a directory: TMPDIR still says /sandbox
+        os.symlink("sandbox", "tmp")
     os.mkdir("proc")
     # A /proc of this PID namespace: its processes only, and where the kernel can (5.8+) not even
     # PID 1's command line (host paths) nor the system-wide files.
