@@ -12,7 +12,7 @@ builds the root) -> P (the program).
   every capability before exec, so inside it is a root without powers, and outside it is nobody.
 * Mount namespace: a tmpfs root (read-only once built) holding read-only binds of the Python
   installation and the shared libraries, a few devices, a /proc of the new PID namespace, and the
-  work directory (read-write) at /sandbox; /tmp points to it. Nothing else of the host is there.
+  work directory (read-write) at /sandbox; /tmp is a private tmpfs. Nothing else of the host is there.
   Bind sources are opened (O_PATH) before the ids change, as the outside root may own their
   parent directories (a Python under /root), and mounted through /proc/self/fd.
 * Network namespace: only a loopback that is down, so every connect fails at once.
@@ -165,6 +165,9 @@ def init():
             keep = os.statvfs(target).f_flag & MS_KEEP  # locked flags (atime, ...) must be repeated
             mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | keep | flags)
 
+    # /tmp: a private scratch, gone with the jail (first: a Python installed under /tmp is mounted in it).
+    os.mkdir("tmp")
+    mount("tmpfs", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={fsize}")
     for path in ro:
         os.makedirs("." + path, exist_ok=True)
         bind(path, "." + path, MS_RDONLY)
@@ -181,8 +184,6 @@ def init():
     mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={fsize}")
     os.mkdir("sandbox")
     bind(work, "sandbox", 0)
-    if not os.path.lexists("tmp"):  # a Python installed under /tmp made it a directory: TMPDIR still says /sandbox
-        os.symlink("sandbox", "tmp")
     os.mkdir("proc")
     # A /proc of this PID namespace: its processes only, and where the kernel can (5.8+) not even
     # PID 1's command line (host paths) nor the system-wide files.

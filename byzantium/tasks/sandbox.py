@@ -13,8 +13,8 @@ process with threads (the async engine has some).
 
 isolation="namespace" (the default; Linux): the launcher (jail.py) runs the program in new user,
 mount, network, PID, IPC, UTS and cgroup namespaces. It sees a read-only Python installation and
-shared libraries, a few devices, its own /proc and its work directory at /sandbox (/tmp points
-there) and nothing else of the files; it has no network; it sees and can signal no other process;
+shared libraries, a few devices, its own /proc, its work directory at /sandbox and a private /tmp,
+and nothing else of the files; it has no network; it sees and can signal no other process;
 outside it is nobody (the caller's own uid for a non-root caller), inside a root without
 capabilities. At the timeout, and when it ends, every process it started dies with its PID
 namespace, setsid() or not. Where these namespaces cannot be made (user namespaces disabled, a
