@@ -105,14 +105,14 @@ class Proxy:
             self.shared.finished_score()
         return out
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         judge = messages[0]["content"] == prompts.JUDGE_SYSTEM
         return await self._call(self._phase(judge), "judge" if judge else "solve", messages,
-                                lambda: self.llm.chat(messages, params, untrusted), params=params)
+                                lambda: self.llm.chat(messages, params, untrusted, tag=tag), params=params)
 
-    async def score(self, messages, candidates, untrusted=False):
+    async def score(self, messages, candidates, untrusted=False, tag=None):
         return await self._call(self._phase(True), "logprob", messages,
-                                lambda: self.llm.score(messages, candidates, untrusted), candidates=candidates)
+                                lambda: self.llm.score(messages, candidates, untrusted, tag=tag), candidates=candidates)
 
 
 def run_native(model_dir, tasks, mode, solve, judge):

@@ -6,6 +6,8 @@
     byzantium run sac|cpwbft ...        SAC / CP-WBFT ("Robust Multi-Agent LLMs under Byzantine Faults")
     byzantium run resilience ...        six collaboration systems with a faulty agent, AutoInject/AutoTransform,
                                         Challenger/Inspector ("On the Resilience of LLM-Based Multi-Agent ...")
+    byzantium profile run <method> ...  a run with the engine profiling: profile.json, trace.json and
+                                        profile.png in its out dir, a table per tag and phase
 
     byzantium run rrmaj --agents 5 --corrupt 3 --chunk 32 --trajectories 5 --max-len 128 \
         --attack strong --task gen-track --limit 20 --out runs/rrmaj
@@ -227,8 +229,14 @@ def engine_kwargs(args):
     return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
 
 
+def run_pool(args, **engine):
+    """The run's LLMPool; `byzantium profile` hands in its own (args.pool), whose engines profile."""
+    from .backends import LLMPool
+    return getattr(args, "pool", LLMPool)(args.backend, **engine)
+
+
 def cmd_run(args):
-    from .backends import DEFAULT_MODEL, LLMPool
+    from .backends import DEFAULT_MODEL
     from .experiments.rr import print_table, run_rr_experiment, settings
     from .experiments.runner import check_resume
     models, tasks, m = prepare_run(args)
@@ -240,7 +248,7 @@ def cmd_run(args):
     if already_done(out, tasks, print_table):
         return
     kwargs = engine_kwargs(args)
-    with LLMPool(args.backend, **kwargs) as pool:
+    with run_pool(args, **kwargs) as pool:
         llms = [pool.get(name) for name in models]
         run_rr_experiment(args.method, tasks, llms, args.corrupt, args.chunk, m, args.max_len, args.attack,
                           args.temperature, args.seed, out, concurrency=args.concurrency, config=config,
@@ -282,7 +290,6 @@ def prepare_sac(args):
 
 
 def cmd_run_sac(args):
-    from .backends import LLMPool
     from .experiments.runner import check_resume
     from .experiments.sac import print_table, run_experiment, settings
     (solve, judge), models, tasks, edges = prepare_sac(args)
@@ -296,7 +303,7 @@ def cmd_run_sac(args):
                                all_rounds, len(tasks), config, edges))  # before any model loads
     if already_done(out, tasks, print_table):
         return
-    with LLMPool(args.backend, **engine_kwargs(args)) as pool:
+    with run_pool(args, **engine_kwargs(args)) as pool:
         strong = pool.get(models["strong"])
         weak = pool.get(models["weak"]) if models["weak"] is not None else None
         adversary = pool.get(models["adversary"]) if models["adversary"] is not None else None
@@ -343,12 +350,30 @@ def parser():
     engine_args(gen)
     gen.set_defaults(func=cmd_generate)
     run = sub.add_parser("run", help="an experiment over many questions, resumable (--out DIR)")
+    add_run_methods(run)
+    profile = sub.add_parser("profile", help="`profile run <method> ...`: a run with the engine profiling; "
+                                             "profile.json, trace.json, profile.png in its out dir")
+    profiled = profile.add_subparsers(dest="profiled", required=True, metavar="run")
+    add_run_methods(profiled.add_parser("run", help="the same flags as `byzantium run`"), profiling=True)
+    return ap
+
+
+def add_run_methods(run, profiling=False):
     methods = run.add_subparsers(dest="method", required=True, metavar="{" + ",".join(RUN_METHODS) + "}")
     for name, (add_args, func, help) in RUN_METHODS.items():
         method = methods.add_parser(name, help=help)
         add_args(method, name)
-        method.set_defaults(func=func)
-    return ap
+        if profiling:
+            from .experiments.profile import add_profile_args
+            add_profile_args(method)
+            method.set_defaults(func=cmd_profile, run=func)
+        else:
+            method.set_defaults(func=func)
+
+
+def cmd_profile(args):
+    from .experiments.profile import profile_run
+    profile_run(args)
 
 
 def main(argv=None):

@@ -26,7 +26,7 @@ class Injector:
         self.reply = reply or (lambda pieces: json.dumps({k: f"⟦{k}⟧" for k in pieces}))
         self.requests, self.messages = [], []
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         assert messages[0]["content"] == INJECT_SYSTEM
         pieces = json.loads(messages[-1]["content"])
         self.requests.append(pieces)

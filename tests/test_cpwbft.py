@@ -22,7 +22,7 @@ class ScriptedLLM:
     def __init__(self, answer, confidence, scores=None):
         self.answer, self.confidence, self.scores, self.calls, self.seeds = answer, confidence, scores or {}, 0, []
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         self.calls += 1
         self.seeds.append(params.seed if params is not None else None)
         await asyncio.sleep(0)

@@ -53,7 +53,8 @@ def test_stats_records_and_exports(tiny_llama, tmp_path):
     assert stats["prefill_seconds"] > 0 and stats["decode_seconds"] > 0
     engine.step_records.to_chrome_trace(tmp_path / "trace.json")
     trace = json.loads((tmp_path / "trace.json").read_text())
-    assert len(trace["traceEvents"]) == 5 and trace["traceEvents"][0]["ph"] == "X"
+    steps = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]  # the steps track
+    assert len(steps) == 5 and [e["name"] for e in steps] == ["prefill"] + ["decode"] * 4
     assert engine.step_records.to_json(tmp_path / "steps.json")["summary"]["steps"] == 5
     engine.reset_stats()
     assert engine.stats["steps"] == 0

@@ -35,7 +35,7 @@ class Scripted:
         self.block = block  # async (messages) -> None, awaited before an agent answers
         self.calls = []
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         await asyncio.sleep(0)  # let the other coroutines of a gather start first
         system = messages[0]["content"]
         if system == INJECT_SYSTEM:

@@ -39,7 +39,7 @@ class Scripted:
         self.calls, self.count = [], Counter()
         self.in_flight = self.max_in_flight = 0
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         await asyncio.sleep(0)  # let every other coroutine of a gather start first

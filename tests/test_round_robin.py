@@ -46,7 +46,7 @@ class ScriptLLM:
         s.ids += ids
         return len(ids)
 
-    async def continue_(self, s, params):
+    async def continue_(self, s, params, tag=None):
         assert not s.closed
         self.log.append(("continue", s.sid, params.max_tokens, list(s.ids), params.seed, params.temperature))
         self.in_flight += 1
@@ -245,7 +245,7 @@ def test_majority_vote_samples_by_default():
         def __init__(self):
             self.params = []
 
-        async def chat(self, messages, params):
+        async def chat(self, messages, params, tag=None):
             self.params.append(params)
             return Completion("The answer is (A).", [1], "stop", 1)
 

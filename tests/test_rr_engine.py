@@ -42,9 +42,9 @@ class Metered:
         self.pending[id(session)] += len(ids)
         return await self.llm.extend(session, ids)
 
-    async def continue_(self, session, params=None):
+    async def continue_(self, session, params=None, tag=None):
         before = self.llm.stats
-        out = await self.llm.continue_(session, params)
+        out = await self.llm.continue_(session, params, tag=tag)
         after = self.llm.stats
         delta = {k: after[k] - before[k] for k in ("prefill_tokens", "decode_tokens", "cached_tokens")}
         first = not any(t["session"] == id(session) for t in self.turns)

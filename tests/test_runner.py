@@ -229,7 +229,7 @@ def test_a_resilience_run_scores_around_an_error_row(tmp_path, capsys):
     class Broken:  # answers right, except that its calls for the second problem fail
         name, stats = "broken", {}
 
-        async def chat(self, messages, params=None, untrusted=False):
+        async def chat(self, messages, params=None, untrusted=False, tag=None):
             if tasks[1].question in messages[1]["content"]:
                 raise ConnectionError("server went away")
             gold = next(t.gold for t in tasks if t.question in messages[1]["content"])

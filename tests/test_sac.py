@@ -40,7 +40,7 @@ class ScriptedLLM:
         await asyncio.sleep(0)
         self.in_flight -= 1
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         system = messages[0]["content"]
         if system == prompts.JUDGE_SYSTEM:
             await self._enter("judge", messages, params)
@@ -53,7 +53,7 @@ class ScriptedLLM:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         return SimpleNamespace(text=f"Working...\nAnswer: {answer}")
 
-    async def score(self, messages, candidates, untrusted=False):
+    async def score(self, messages, candidates, untrusted=False, tag=None):
         await self._enter("logprob", messages)
         p = self.scores[messages[2]["content"].removeprefix("Proposed answer: ")]
         return {"Yes": math.log(max(p, 1e-9)), "No": math.log(max(1 - p, 1e-9))}
@@ -194,10 +194,10 @@ def test_scoring_calls_of_a_round_are_concurrent_and_failures_score_zero():
     shared = ScriptedLLM("s", ["42"], {"42": 0.9, "41": 0.4, "7": 0.1})
 
     class Failing(ScriptedLLM):
-        async def chat(self, messages, params=None, untrusted=False):
+        async def chat(self, messages, params=None, untrusted=False, tag=None):
             if messages[0]["content"] == prompts.JUDGE_SYSTEM and "Proposed answer: 42" in text_of(messages):
                 raise RuntimeError("backend down")
-            return await super().chat(messages, params, untrusted)
+            return await super().chat(messages, params, untrusted, tag)
 
     failing = Failing("f", ["41"], {"42": 0.9, "41": 0.4, "7": 0.1})
     agents = [Agent(0, "strong", shared), Agent(1, "strong", shared), Agent(2, "weak", failing),

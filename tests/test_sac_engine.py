@@ -42,14 +42,14 @@ class Recording:
     def __init__(self, llm):
         self.llm, self.name, self.completions, self.scores = llm, llm.name, [], 0
 
-    async def chat(self, messages, params=None, untrusted=False):
-        out = await self.llm.chat(messages, params, untrusted)
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
+        out = await self.llm.chat(messages, params, untrusted, tag=tag)
         self.completions.append(out)
         return out
 
-    async def score(self, messages, candidates, untrusted=False):
+    async def score(self, messages, candidates, untrusted=False, tag=None):
         self.scores += 1
-        return await self.llm.score(messages, candidates, untrusted)
+        return await self.llm.score(messages, candidates, untrusted, tag=tag)
 
 
 @pytest.fixture(scope="module")

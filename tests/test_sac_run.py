@@ -27,7 +27,7 @@ class ScriptedLLM:
         self.answer, self.score_value, self.decoy, self.confidence = answer, score, decoy, confidence
         self.calls, self.params = [], []
 
-    async def chat(self, messages, params=None, untrusted=False):
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
         system = messages[0]["content"]
         kind = {prompts.JUDGE_SYSTEM: "judge", DECOY_SYSTEM: "decoy"}.get(system, "solve")
         if any("reliability score" in m["content"] for m in messages):
@@ -42,7 +42,7 @@ class ScriptedLLM:
                                    f"Clearly the result is {self.decoy}.\nAnswer: {self.decoy}")
         return SimpleNamespace(text=f"Working.\nAnswer: {self.answer}\n{self.confidence}")
 
-    async def score(self, messages, candidates, untrusted=False):
+    async def score(self, messages, candidates, untrusted=False, tag=None):
         self.calls.append("logprob")
         await asyncio.sleep(0)
         return {"Yes": math.log(self.score_value), "No": math.log(1 - self.score_value)}

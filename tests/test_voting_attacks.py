@@ -75,7 +75,7 @@ class ChatLLM:
     def __init__(self, clean, corrupt):
         self.clean, self.corrupt, self.calls = clean, corrupt, []
 
-    async def chat(self, messages, params):
+    async def chat(self, messages, params, tag=None):
         self.calls.append((messages, params))
         script = self.corrupt if "Critical Instruction" in messages[-1]["content"] else self.clean
         text = script[sum(m[-1]["content"] == messages[-1]["content"] for m, _ in self.calls) - 1]

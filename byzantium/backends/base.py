@@ -7,6 +7,9 @@ and the generation prompt). Text from other agents belongs in messages marked un
 
 Implementations provide `_generate`, `_logprobs` and the four session operations; prompts are turned
 into token ids here, once, so every backend sees exactly the same tokens.
+
+Every call that makes a request takes `tag=`: a label of what the request is for in the protocol
+("solve", "score", "turn", ...); the native engine's stats break its tokens and time down by tag.
 """
 from __future__ import annotations
 
@@ -37,10 +40,10 @@ class LLM(ABC):
 
     # -- what implementations provide ------------------------------------------------------------------
     @abstractmethod
-    async def _generate(self, ids: list[int], params: SamplingParams) -> Completion: ...
+    async def _generate(self, ids: list[int], params: SamplingParams, tag: str | None = None) -> Completion: ...
 
     @abstractmethod
-    async def _logprobs(self, ids: list[int]):
+    async def _logprobs(self, ids: list[int], tag: str | None = None):
         """Log-probabilities (fp32 tensor [vocab]) of the next token after `ids`."""
 
     @abstractmethod
@@ -52,7 +55,7 @@ class LLM(ABC):
         """Append token ids, or text (plain, untrusted, as a continuation); returns the number of tokens."""
 
     @abstractmethod
-    async def continue_(self, session, params: SamplingParams | None = None) -> Completion:
+    async def continue_(self, session, params: SamplingParams | None = None, tag: str | None = None) -> Completion:
         """Generate from where the session stands; the generated tokens join the session."""
 
     @abstractmethod
@@ -70,25 +73,26 @@ class LLM(ABC):
         """Release what the model holds (threads, memory)."""
 
     # -- the operations protocols call -----------------------------------------------------------------
-    async def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
+    async def generate(self, prompt, params: SamplingParams | None = None, tag: str | None = None) -> Completion:
         """Continue a raw prompt (text without template, token ids) or a conversation."""
-        return await self._generate(self.prompt_ids(prompt), params or SamplingParams())
+        return await self._generate(self.prompt_ids(prompt), params or SamplingParams(), tag=tag)
 
-    async def chat(self, messages, params: SamplingParams | None = None, untrusted: bool = False) -> Completion:
+    async def chat(self, messages, params: SamplingParams | None = None, untrusted: bool = False,
+                   tag: str | None = None) -> Completion:
         """Reply to a conversation; untrusted=True renders every non-system message as plain text."""
-        return await self._generate(self.render_chat(messages, untrusted), params or SamplingParams())
+        return await self._generate(self.render_chat(messages, untrusted), params or SamplingParams(), tag=tag)
 
-    async def next_token_logprobs(self, prompt, untrusted: bool = False):
+    async def next_token_logprobs(self, prompt, untrusted: bool = False, tag: str | None = None):
         """Log-probabilities (fp32 tensor [vocab]) of the next token; one forward pass, no sampling.
 
         For expected-value scoring, e.g. over the digit tokens `self.candidate_ids("0123456789")`."""
-        return await self._logprobs(self.prompt_ids(prompt, untrusted))
+        return await self._logprobs(self.prompt_ids(prompt, untrusted), tag=tag)
 
-    async def score(self, prompt, candidates, untrusted: bool = False) -> dict:
+    async def score(self, prompt, candidates, untrusted: bool = False, tag: str | None = None) -> dict:
         """{candidate: log-probability of its first token as the next token}, from one forward pass.
 
         Candidates are strings (their first plain-text token) or token ids."""
-        logprobs = await self.next_token_logprobs(prompt, untrusted)
+        logprobs = await self.next_token_logprobs(prompt, untrusted, tag=tag)
         return dict(zip(candidates, logprobs[self.candidate_ids(candidates)].tolist()))
 
     # -- tokens ------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ baseline the benchmarks compare the engine with.
 Each request runs alone (an asyncio.Lock) in a worker thread (the event loop stays free): a prompt
 forward pass, then one token per forward pass with transformers' KV cache. Tokens are picked by the
 engine's sampler with a per-request seeded generator, so greedy and seeded sampling mean the same as on
-the native backend. Sessions are token lists, re-encoded in full on every continue_.
+the native backend. Sessions are token lists, re-encoded in full on every continue_. Request tags are accepted and
+ignored: this backend keeps no per-step records to break down.
 """
 import asyncio
 import inspect
@@ -139,12 +140,12 @@ class HFLLM(LLM):
         self._totals["prefill_tokens"] += len(ids)
         return torch.log_softmax(logits[0], dim=-1).cpu()
 
-    async def _generate(self, ids, params):
+    async def _generate(self, ids, params, tag=None):
         if not isinstance(params, SamplingParams):
             raise TypeError(f"expected SamplingParams, got {type(params).__name__}")
         return await self._serialized(self._run_generate, ids, params)
 
-    async def _logprobs(self, ids):
+    async def _logprobs(self, ids, tag=None):
         return await self._serialized(self._run_logprobs, ids)
 
     # -- sessions: the whole context goes through the model again on every continue_ -----------------
@@ -166,7 +167,7 @@ class HFLLM(LLM):
         session.ids.extend(ids)
         return len(ids)
 
-    async def continue_(self, session, params=None):
+    async def continue_(self, session, params=None, tag=None):
         completion = await self._generate(self._open(session).token_ids, params or SamplingParams())
         session.ids.extend(completion.token_ids)
         return completion

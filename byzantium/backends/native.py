@@ -30,11 +30,11 @@ class NativeLLM(LLM):
     def close(self):
         self.engine.shutdown()
 
-    async def _generate(self, ids, params):
-        return _completion((await self.engine.generate([ids], params))[0])
+    async def _generate(self, ids, params, tag=None):
+        return _completion((await self.engine.generate([ids], params, tag=tag))[0])
 
-    async def _logprobs(self, ids):
-        logits = await self.engine.logits([ids])
+    async def _logprobs(self, ids, tag=None):
+        logits = await self.engine.logits([ids], tag=tag)
         return torch.log_softmax(logits[0].float(), dim=-1)
 
     async def open_session(self, prompt, untrusted=False):
@@ -44,8 +44,8 @@ class NativeLLM(LLM):
         ids = self.encode_plain(tokens_or_text) if isinstance(tokens_or_text, str) else tokens_or_text
         return await self.engine.extend(session, ids)
 
-    async def continue_(self, session, params=None):
-        return _completion((await self.engine.continue_([session], params or SamplingParams()))[0])
+    async def continue_(self, session, params=None, tag=None):
+        return _completion((await self.engine.continue_([session], params or SamplingParams(), tag=tag))[0])
 
     async def close_session(self, session):
         await self.engine.close_session(session)

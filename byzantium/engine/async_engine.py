@@ -3,22 +3,31 @@
 One background task steps the engine while anything is pending. Before each step it yields to the
 event loop, so every coroutine that is ready enqueues its request first (asyncio.gather starts them one
 after another), and the step itself runs in a worker thread, so requests keep arriving while the model
-runs and join the next step. All changes to the engine's state (queueing requests, closing sessions)
-happen on the event-loop thread between steps, never while a step runs.
+runs and join the next step. The engine is only touched on the event-loop thread between steps: a
+coroutine that arrives while a step runs waits for its end; an abort or a close asked for meanwhile
+runs right after it.
+
+Failures stay with their requests: a request whose forward pass failed raises its error in its caller
+(the engine goes on with everyone else); a caller that is cancelled (a timeout, a client gone) has its
+requests aborted and their blocks freed.
 """
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from .engine import Engine, Outputs
 from .sampling import SamplingParams
-from .sequence import Session, Status
+from .sequence import Session
+
+logger = logging.getLogger("byzantium")
 
 
 class AsyncEngine:
     def __init__(self, *args, **kwargs):
         self.engine = Engine(*args, **kwargs)
-        self._waiters = {}  # seq_id -> (seq, future)
-        self._between_steps = []  # callables to run on the loop thread before the next step
+        self._waiters = {}  # seq_id -> (seq, future) of the requests in flight
+        self._after_step = []  # engine calls asked for while a step runs: made right after it
+        self._step_ended = []  # futures of coroutines waiting for the running step to end
         self._loop_task = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byzantium-step")
         self._stepping = False
@@ -39,93 +48,139 @@ class AsyncEngine:
     def reset_stats(self):
         self.engine.reset_stats()
 
+    def describe(self):
+        return self.engine.describe()
+
+    @property
+    def profile(self):
+        return self.engine.profile
+
+    @profile.setter
+    def profile(self, on):
+        self.engine.profile = on  # read by the next step
+
     def render_chat(self, conversation, untrusted=False, add_generation_prompt=True):
         return self.engine.render_chat(conversation, untrusted, add_generation_prompt)
 
     # -- the loop -----------------------------------------------------------------------------------
-    async def _wait_for(self, seqs):
+    async def _between_steps(self):
+        """Return when no step runs (then the engine may be touched until the next await)."""
+        while self._stepping:
+            ended = asyncio.get_running_loop().create_future()
+            self._step_ended.append(ended)
+            await ended
+
+    def _now_or_after_step(self, action):
+        if self._stepping:
+            self._after_step.append(action)
+        else:
+            action()
+
+    async def _run_requests(self, add):
+        """add() queues requests on the engine; wait until they end and return their sequences."""
+        await self._between_steps()
+        seqs = add()
         loop = asyncio.get_running_loop()
         futures = []
         for seq in seqs:
-            future = loop.create_future()
-            self._waiters[seq.seq_id] = (seq, future)
-            futures.append(future)
-            self._between_steps.append(lambda seq=seq: self.engine.submit(seq))
+            futures.append(loop.create_future())
+            self._waiters[seq.seq_id] = (seq, futures[-1])
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run())
-        await asyncio.gather(*futures)
+        try:
+            await asyncio.gather(*futures)
+        except BaseException:  # cancelled, or one of them failed: the others are of no use to anyone
+            for seq in seqs:
+                self._waiters.pop(seq.seq_id, None)
+            self._now_or_after_step(lambda: [self.engine.abort(seq) for seq in seqs])
+            raise
         return seqs
 
     async def _run(self):
         loop = asyncio.get_running_loop()
-        while self._waiters or self._between_steps:
+        while True:
             await asyncio.sleep(0)  # let every ready coroutine enqueue its request first
-            for action in self._between_steps:
-                action()
-            self._between_steps.clear()
+            if not self.engine.has_work():
+                break
+            self._stepping = True
             try:
-                self._stepping = True
-                finished = await loop.run_in_executor(self._executor, self.engine.step)
-            except Exception as error:  # fail every waiter rather than hang them
-                for seq, future in self._waiters.values():
-                    if not future.done():
-                        future.set_exception(error)
-                self._waiters.clear()
-                return
+                ended = await loop.run_in_executor(self._executor, self.engine.step)
+            except Exception as error:  # noqa: BLE001 - not a failed forward pass (step handles those): a bug
+                logger.exception("byzantium: an engine step raised; failing the requests in flight")
+                ended = []
+                for seq, future in list(self._waiters.values()):
+                    seq.error = error
+                    self.engine.abort(seq)
+                    ended.append(seq)
             finally:
                 self._stepping = False
-            for seq in finished:
-                _, future = self._waiters.pop(seq.seq_id)
-                if not future.done():
+                actions, self._after_step = self._after_step, []
+                for action in actions:
+                    try:
+                        action()
+                    except Exception:  # noqa: BLE001 - an abort or close must not stop the loop
+                        logger.exception("byzantium: an abort or close after a step failed")
+                waiting, self._step_ended = self._step_ended, []
+                for future in waiting:
+                    if not future.done():
+                        future.set_result(None)
+            for seq in ended:
+                _, future = self._waiters.pop(seq.seq_id, (None, None))
+                if future is None or future.done():
+                    continue
+                if seq.error is not None:
+                    future.set_exception(seq.error)
+                else:
                     future.set_result(seq)
+        # Nothing left to step: a waiter still here would wait forever (a bug); tell it instead.
+        for seq, future in self._waiters.values():
+            if not future.done():
+                future.set_exception(RuntimeError(f"request {seq.seq_id} is not in the engine ({seq.status.name})"))
+        self._waiters.clear()
 
     # -- operations ---------------------------------------------------------------------------------
-    async def generate(self, prompts, params=None):
-        prompts = Engine._prompt_list(prompts)
-        seqs = [self.engine.make_request(p, sp)
-                for p, sp in zip(prompts, self.engine._params_list(params, len(prompts)))]
-        await self._wait_for(seqs)
+    async def generate(self, prompts, params=None, *, tag=None):
+        seqs = await self._run_requests(lambda: self.engine.add_requests(prompts, params, tag=tag))
         return Outputs(self.engine.output(s) for s in seqs)
 
-    async def chat(self, conversations, params=None, untrusted=False):
-        conversations = Engine._conversation_list(conversations)
-        return await self.generate([self.engine.render_chat(c, untrusted) for c in conversations], params)
+    async def chat(self, conversations, params=None, untrusted=False, *, tag=None):
+        return await self.generate(self.engine.chat_prompts(conversations, untrusted), params, tag=tag)
 
-    async def logits(self, prompts):
+    async def logits(self, prompts, *, tag=None):
         import torch
-        seqs = [self.engine._logits_seq(p) for p in Engine._prompt_list(prompts)]
-        await self._wait_for(seqs)
+        seqs = await self._run_requests(lambda: self.engine.add_requests(prompts, logits=True, tag=tag))
         return torch.stack([s.logits for s in seqs])
 
-    async def score(self, prompts, candidates):
+    async def score(self, prompts, candidates, *, tag=None):
         prompts = Engine._prompt_list(prompts)
         per_prompt = Engine.candidate_lists(prompts, candidates)
-        return self.engine.logprobs_of(await self.logits(prompts), per_prompt)
+        return self.engine.logprobs_of(await self.logits(prompts, tag=tag), per_prompt)
 
-    async def open_session(self, prompt):
-        return self.engine.open_session(prompt)
+    async def open_session(self, prompt, *, tag=None):
+        return self.engine.open_session(prompt, tag=tag)
 
     async def extend(self, session, tokens_or_text):
         # An idle session is not touched by a running step, so appending tokens here is safe.
         return self.engine.extend(session, tokens_or_text)
 
-    async def continue_(self, sessions, params=None):
-        sessions = [sessions] if isinstance(sessions, Session) else list(sessions)
-        seqs = [self.engine.make_turn(s, p) for s, p in zip(sessions, self.engine._params_list(params, len(sessions)))]
-        await self._wait_for(seqs)
+    async def continue_(self, sessions, params=None, *, tag=None):
+        seqs = await self._run_requests(lambda: self.engine.add_requests(sessions, params, tag=tag))
         return Outputs(self.engine.output(s) for s in seqs)
 
     async def close_session(self, session):
-        if session.seq.status not in (Status.IDLE, Status.CLOSED):
-            raise ValueError(f"{session} has a request in flight")
-        if self._stepping or self._between_steps:
-            done = asyncio.get_running_loop().create_future()
-            self._between_steps.append(lambda: (self.engine.close_session(session), done.set_result(None)))
-            if self._loop_task is None or self._loop_task.done():
-                self._loop_task = asyncio.create_task(self._run())
-            await done
-        else:
+        """Close a session in any state; a request in flight on it fails with a RuntimeError. While a step
+        runs, the close happens right after it (even when this coroutine is cancelled meanwhile)."""
+        if not isinstance(session, Session):
+            raise TypeError(f"expected a Session, got {type(session).__name__}")
+
+        def close():
+            _, future = self._waiters.pop(session.seq.seq_id, (None, None))
             self.engine.close_session(session)
+            if future is not None and not future.done():
+                future.set_exception(RuntimeError(f"{session} was closed while a request on it was in flight"))
+
+        self._now_or_after_step(close)
+        await self._between_steps()
 
     def shutdown(self):
         self._executor.shutdown(wait=False)

@@ -1,6 +1,10 @@
-"""Engine: add requests, step(), generate(), chat(), score(), sessions. Owns the model, the paged KV
-cache, the block manager, the scheduler, the runner and the stats."""
+"""Engine: the model, the paged KV cache, the block manager, the scheduler, the runner and the stats.
+
+Its core is small: add_request (returns the request's Sequence), abort, step (returns the requests that
+ended), output. The sync helpers (generate, chat, logits, score, continue_) and AsyncEngine are both
+written on it; postprocess is the one place a step's results reach the requests."""
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -10,13 +14,15 @@ from .chat import plain_text_ids, render_chat
 from .kv_cache import BlockManager, allocate_kv_cache
 from .loader import iter_safetensors, load_tokenizer, resolve_model
 from .models.llama import LlamaForCausalLM, architecture_of, rope_tables
-from ..kernels import cpu_ext
+from ..kernels import backend_name, cpu_ext, warn_once
 from .models.packed import pack_linears, packing_available
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample
 from .scheduler import Scheduler
-from .sequence import Sequence, Session, Status
+from .sequence import Row, Sequence, Session, Status
 from .stats import EngineStats
+
+logger = logging.getLogger("byzantium")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -63,6 +69,14 @@ def resolve_dtype(dtype, device):
     return DTYPES[dtype]
 
 
+def out_of_memory(error):
+    """An allocation failure: CUDA's OutOfMemoryError, Python's MemoryError, or torch's CPU allocator
+    failing (a RuntimeError "DefaultCPUAllocator: can't allocate memory: you tried to allocate ...").
+    Only these make a step retry smaller; other errors are not about its size."""
+    return (isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError))
+            or isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
 def _positive(name, value):
     if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -71,7 +85,7 @@ def _positive(name, value):
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
                  max_batch_tokens=None, attention_backend="auto", max_model_len=None, kv_cache_gib=None,
-                 cpu_packed_linears=True, cpu_kernels=True):
+                 cpu_packed_linears=True, cpu_kernels=True, profile=False):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len"):
             _positive(name, locals()[name])
         self.device = resolve_device(device)
@@ -105,6 +119,8 @@ class Engine:
             attention_backend = "torch"
         self.runner = ModelRunner(self.model, self.kv_cache, block_size, self.device, attention_backend)
         self.eos_token_ids = self._eos_ids(model_dir)
+        # Profiling: a step with prefill and decode rows runs them as two timed forward passes (same outputs).
+        self.profile = profile
         self._stats = EngineStats()
         self._ids = itertools.count()
 
@@ -118,11 +134,28 @@ class Engine:
         if model.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_weights(iter_safetensors(model_dir))
+        self.linear_kernels = "torch"
         if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype == torch.float32:
-            kernels = cpu_ext.load() if self.cpu_kernels else None
+            kernels = cpu_ext.load() if self.cpu_kernels else None  # load() logs why it is None
             if kernels is not None or packing_available(self.device, self.dtype):
                 pack_linears(model, kernels)
+                self.linear_kernels = "cpu-panels" if kernels is not None else "onednn"
+            else:
+                warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
+                          "the linears are plain torch (slower on the CPU)")
         return model.eval()
+
+    def describe(self):
+        """What this engine runs: model code, kernels, dtype, device, KV pool and batch limits."""
+        model_cls = type(self.model)
+        return {"model": str(self.model_dir), "architecture": self.model.arch,
+                "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
+                "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,
+                "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
+                "kv_cache": {"num_blocks": self.num_blocks, "block_size": self.block_size,
+                             "bytes": self.kv_cache.numel() * self.kv_cache.element_size()},
+                "max_num_seqs": self.max_num_seqs, "max_batch_tokens": self.scheduler.max_batch_tokens,
+                "max_model_len": self.max_model_len, "profile": self.profile}
 
     def _default_num_blocks(self, kv_cache_gib):
         c = self.config
@@ -177,72 +210,232 @@ class Engine:
             raise ValueError(f"{what} can reach {total} tokens but the KV cache pool holds only {capacity} "
                              f"({self.num_blocks} blocks of {self.block_size}); raise num_blocks or lower max_tokens")
 
-    def make_request(self, prompt, params):
-        """Validate and tokenize one request; the returned Sequence is queued by submit()."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"expected SamplingParams, got {type(params).__name__}")
-        ids = self.encode(prompt)
-        self._check_fits(len(ids))
-        self._check_room(min(len(ids) + params.max_tokens, self.max_model_len), "this request")
-        seq = Sequence(next(self._ids), ids, params, make_generator(params.seed, self.device))
-        seq.start_turn(params, seq.generator)
-        return seq
+    # -- the core: add requests, abort them, step, read outputs ----------------------------------------
+    def add_request(self, prompt, params=None, *, logits=False, tag=None):
+        """Queue one request and return its Sequence; step() advances it.
 
-    def make_logits_request(self, prompt):
-        ids = self.encode(prompt)
-        self._check_fits(len(ids))
-        seq = Sequence(next(self._ids), ids, None, logits_only=True)
-        seq.start_turn(None, None, logits_only=True)
-        return seq
-
-    def submit(self, seq):
+        prompt: text (tokenized as raw text, special tokens parsed), token ids, or a Session (the request
+        is a turn that continues it). logits=True: one forward pass, the next-token logits in seq.logits,
+        no token sampled (params unused). tag labels the request in the stats."""
+        if isinstance(prompt, Session):
+            self._check_idle(prompt)
+            seq = prompt.seq
+        else:
+            ids = self.encode(prompt)
+            self._check_fits(len(ids))
+            seq = Sequence(next(self._ids), ids, None)
+        if logits:
+            seq.start_turn(None, None, logits_only=True)
+        else:
+            params = SamplingParams() if params is None else params
+            if not isinstance(params, SamplingParams):
+                raise TypeError(f"expected SamplingParams, got {type(params).__name__}")
+            what = f"{prompt}" if isinstance(prompt, Session) else "this request"
+            self._check_room(min(len(seq) + params.max_tokens, self.max_model_len), what)
+            seq.start_turn(params, make_generator(params.seed, self.device))
+        if isinstance(prompt, Session):
+            self._recompute_last(seq)
+        seq.tag = prompt.tag if tag is None and isinstance(prompt, Session) else tag
         self._stats.totals["requests"] += 1
         self.scheduler.add(seq)
+        return seq
 
-    # -- the step -----------------------------------------------------------------------------------
+    def add_requests(self, prompts, params=None, *, logits=False, tag=None):
+        """add_request for each prompt (one prompt, or a list; params: one for all, or one per prompt).
+        All or nothing: when one is invalid, those already queued are aborted and the error raised."""
+        prompts = self._prompt_list(prompts)
+        params = [None] * len(prompts) if logits else self._params_list(params, len(prompts))
+        seqs = []
+        try:
+            for prompt, p in zip(prompts, params):
+                seqs.append(self.add_request(prompt, p, logits=logits, tag=tag))
+        except BaseException:
+            for seq in seqs:
+                self.abort(seq)
+            raise
+        return seqs
+
+    def abort(self, seq):
+        """End a request that is queued or running: it leaves the scheduler and frees its blocks (a session
+        keeps what it has computed and becomes idle). A request that already ended is left alone."""
+        if seq.status in (Status.WAITING, Status.RUNNING):
+            seq.finish_reason = "abort"
+            self.scheduler.remove(seq)
+
+    def has_work(self):
+        return self.scheduler.has_work()
+
     def step(self):
-        """Run one forward pass over the scheduled batch; return the sequences whose request finished."""
+        """Schedule, run the forward pass, post-process. Returns the requests that ended in this step:
+        finished, or failed (seq.error holds the exception, finish_reason is "error").
+
+        A forward pass that raises is retried on halves of its rows until the rows that raise on their
+        own are found (rows are independent: a rerun rewrites the same K/V); only their requests fail.
+        Out of memory (see out_of_memory) also lowers the token budget of later steps, and a single long
+        chunk is retried in two. Everything else in the engine goes on. Each step that computed anything
+        makes exactly one stats.record call."""
         if not self.scheduler.has_work():
             return []
         start = time.perf_counter()
         preempted_before = self.scheduler.num_preemptions
-        batch = self.scheduler.schedule()
-        logits, _ = self.runner.run(batch)
-        prefill_tokens = decode_tokens = 0
+        try:
+            rows = self.scheduler.schedule()
+        except RuntimeError as error:  # every block is held by sessions: nothing queued can ever run
+            return self._fail([(seq, error) for seq in [*self.scheduler.running, *self.scheduler.waiting]])
+        cached_tokens, cache_hits = self.scheduler.pop_admitted()
+        try:
+            seqs, logits, failed, phase_seconds = self._execute(rows)
+        except BaseException:  # interrupted (KeyboardInterrupt...): nothing of this step counts
+            self._discard(rows, [])
+            raise
         ended = []
-        for seq, n in batch:
-            if n == 1 and seq.num_computed >= seq.output_start:
-                decode_tokens += 1
+        if failed:
+            rows, seqs, logits, ended = self._isolate(rows, seqs, logits, failed)
+        self._stats.totals["preemptions"] += self.scheduler.num_preemptions - preempted_before
+        if rows:
+            step_rows = [(row.seq.tag, row.phase, row.num_tokens) for row in rows]
+            ended += self.postprocess(rows, seqs, logits)
+            self._stats.record(start, time.perf_counter() - start, step_rows, len(rows), self.block_manager.num_used,
+                               cached_tokens, cache_hits, phase_seconds=phase_seconds)
+        return ended
+
+    def _execute(self, rows):
+        """The step's forward pass: one fused pass; with profiling on and both phases present, the prefill
+        rows then the decode rows, each pass timed. Returns (seqs, logits, failed, phase_seconds)."""
+        phases = {"prefill": [r for r in rows if r.phase == "prefill"], "decode": [r for r in rows if r.phase == "decode"]}
+        split = self.profile and all(phases.values())
+        seqs, logits, failed, phase_seconds = [], [], {}, {} if split else None
+        for phase, part in (phases.items() if split else [(None, rows)]):
+            begin = self._clock() if split else 0.0
+            part_seqs, part_logits, part_failed = self._forward(part)
+            if split:
+                phase_seconds[phase] = self._clock() - begin
+            seqs += part_seqs
+            logits += part_logits
+            failed.update(part_failed)
+        return seqs, torch.cat(logits) if logits else None, failed, phase_seconds
+
+    def _clock(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the GPU's work so far is inside the time read here
+        return time.perf_counter()
+
+    def _forward(self, rows):
+        """runner.run over rows, retried smaller when it raises (see step). Returns (seqs, [logits]
+        tensors, {seq_id: (seq, error)} of the rows that failed on their own)."""
+        try:
+            seqs, logits = self.runner.run(rows)
+            return seqs, [] if logits is None else [logits], {}
+        except Exception as error:  # noqa: BLE001 - isolated below, given to the failing requests
+            oom = out_of_memory(error)
+            if oom:
+                self._shrink_budget(sum(r.num_tokens for r in rows), error)
+            if len(rows) > 1:
+                half = len(rows) // 2
+                parts = [rows[:half], rows[half:]]
+            elif oom and rows[0].num_tokens > 1:  # one long chunk: its first half, then the rest
+                row, half = rows[0], rows[0].num_tokens // 2
+                parts = [[Row(row.seq, row.start, half)], [Row(row.seq, row.start + half, row.num_tokens - half)]]
             else:
-                prefill_tokens += n
-            seq.num_computed += n
-            if seq.num_computed == len(seq):
-                ended.append(seq)
-        finished = []
-        to_sample = []
-        for row, seq in enumerate(ended):
+                return [], [], {rows[0].seq.seq_id: (rows[0].seq, error)}
+        seqs, logits, failed = [], [], {}
+        for part in parts:
+            if any(r.seq.seq_id in failed for r in part):  # the second half of a chunk whose first half failed
+                continue
+            part_seqs, part_logits, part_failed = self._forward(part)
+            seqs += part_seqs
+            logits += part_logits
+            failed.update(part_failed)
+        return seqs, logits, failed
+
+    def _shrink_budget(self, num_tokens, error):
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        budget = max(1, min(self.scheduler.max_batch_tokens, num_tokens // 2))
+        logger.warning("byzantium: out of memory in a forward pass of %d tokens (%s); retrying it in smaller "
+                       "parts; steps now take at most %d tokens", num_tokens, str(error)[:200], budget)
+        self.scheduler.max_batch_tokens = budget
+
+    def _isolate(self, rows, seqs, logits, failed):
+        """After rows failed: fail their requests, undo what they scheduled; keep the rest of the step."""
+        errors = {type(e).__name__ + ": " + str(e)[:200] for _, e in failed.values()}
+        logger.error("byzantium: a forward pass failed for %d of %d requests (%s); they get the error, the "
+                     "others go on", len(failed), len(rows), "; ".join(sorted(errors)))
+        failed_rows = [r for r in rows if r.seq.seq_id in failed]
+        kept, bad = self._discard(rows, failed_rows)
+        for seq, _ in failed.values():
+            if seq.pinned and bad.intersection(seq.block_table):  # its prefix hit was never computed
+                self.block_manager.release(seq)
+        ended = self._fail(failed.values())
+        kept_ids = {r.seq.seq_id for r in kept}
+        keep = [i for i, seq in enumerate(seqs) if seq.seq_id in kept_ids]
+        if len(keep) < len(seqs):
+            seqs = [seqs[i] for i in keep]
+            logits = logits[torch.tensor(keep, device=logits.device)] if keep else None
+        return kept, seqs, logits, ended
+
+    def _discard(self, rows, lost):
+        """The compute of `lost` rows (all rows when `lost` is empty: an interrupted step) did not happen:
+        unhash the blocks they were to fill. A row that took such a block as a prefix hit in this step
+        read K/V never written: its sequence is preempted (recomputed later). Returns (kept rows, the
+        unhashed blocks)."""
+        lost_ids = {r.seq.seq_id for r in (lost or rows)}
+        bad = set()
+        for row in lost or rows:
+            bad |= self.block_manager.unregister_uncomputed(row.seq)
+        kept = [r for r in rows if r.seq.seq_id not in lost_ids]
+        if not lost:  # interrupted: every row is recomputed
+            for row in rows:
+                self.scheduler.preempt(row.seq)
+            return [], bad
+        while True:
+            readers = [r for r in kept if bad.intersection(r.seq.block_table)]
+            if not readers:
+                return kept, bad
+            for row in readers:
+                kept.remove(row)
+                bad |= self.block_manager.unregister_uncomputed(row.seq)
+                self.scheduler.preempt(row.seq)
+
+    def _fail(self, seq_errors):
+        ended = []
+        for seq, error in seq_errors:
+            seq.error, seq.finish_reason = error, "error"
+            self.scheduler.remove(seq)
+            ended.append(seq)
+        return ended
+
+    def postprocess(self, rows, seqs, logits):
+        """After a forward pass: the rows' tokens are computed; each sequence a row ended (`seqs`, one
+        `logits` row each) gets its logits (a logits request) or its next token, and may finish.
+        Returns the requests that finished (or failed: sampling raised)."""
+        for row in rows:
+            row.seq.num_computed = row.end
+        finished, to_sample = [], []
+        for i, seq in enumerate(seqs):
             if seq.logits_only:
-                seq.logits = logits[row].cpu()
-                seq.finish_reason = "logits"
+                seq.logits, seq.finish_reason = logits[i].cpu(), "logits"
                 finished.append(seq)
             else:
-                to_sample.append((row, seq))
+                to_sample.append(i)
+        failed = []
         if to_sample:
-            rows = torch.tensor([r for r, _ in to_sample], device=logits.device)
-            tokens, logprobs = sample(logits.index_select(0, rows), [s for _, s in to_sample])
-            for (_, seq), token, lp in zip(to_sample, tokens, logprobs):
-                seq.token_ids.append(token)
-                if lp is not None:
-                    seq.logprobs.append(lp)
-                if self._check_stop(seq, token):
-                    finished.append(seq)
+            sampled = [seqs[i] for i in to_sample]
+            try:
+                tokens, logprobs = sample(logits.index_select(0, torch.tensor(to_sample, device=logits.device)), sampled)
+            except Exception as error:  # noqa: BLE001 - e.g. NaN logits: these requests fail, not the engine
+                logger.error("byzantium: sampling failed for %d requests (%s: %s)", len(sampled), type(error).__name__, error)
+                failed = self._fail((seq, error) for seq in sampled)
+            else:
+                for seq, token, lp in zip(sampled, tokens, logprobs):
+                    seq.token_ids.append(token)
+                    if lp is not None:
+                        seq.logprobs.append(lp)
+                    if self._check_stop(seq, token):
+                        finished.append(seq)
         for seq in finished:
-            self.scheduler.finish(seq)
-        self._stats.totals["preemptions"] += self.scheduler.num_preemptions - preempted_before
-        cached = self.scheduler.pop_admitted_cached_tokens()
-        self._stats.record(start, time.perf_counter() - start, len(batch), prefill_tokens, decode_tokens, cached)
-        return finished
-
+            self.scheduler.remove(seq)
+        return finished + failed
     def _check_stop(self, seq, token):
         params = seq.params
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
@@ -267,13 +460,21 @@ class Engine:
                              seq.token_ids[:seq.output_start])
 
     def run_until_done(self, seqs):
-        for seq in seqs:
-            self.submit(seq)
-        while any(s.status in (Status.WAITING, Status.RUNNING) for s in seqs):
-            self.step()
+        """Step until these requests end. When one fails, the others are aborted and its error raised."""
+        try:
+            while any(s.status in (Status.WAITING, Status.RUNNING) for s in seqs):
+                for seq in self.step():
+                    if seq.error is not None and any(seq is s for s in seqs):
+                        raise seq.error
+        except BaseException:
+            for seq in seqs:
+                self.abort(seq)
+            raise
+        return seqs
 
-    # -- public operations --------------------------------------------------------------------------
-    def _params_list(self, params, n):
+    # -- public operations (the sync helpers on the core above) ---------------------------------------
+    @staticmethod
+    def _params_list(params, n):
         params = SamplingParams() if params is None else params
         params = list(params) if isinstance(params, (list, tuple)) else [params] * n
         if len(params) != n:
@@ -282,17 +483,15 @@ class Engine:
 
     @staticmethod
     def _prompt_list(prompts):
-        """A single prompt (a string or a list of ints) or a list of prompts -> a list of prompts."""
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and
-                                        all(isinstance(t, int) for t in prompts)):
+        """A single prompt (a string, a list of ints, a Session) or a list of prompts -> a list of prompts."""
+        if isinstance(prompts, (str, Session)) or (isinstance(prompts, (list, tuple)) and prompts and
+                                                   all(isinstance(t, int) for t in prompts)):
             return [prompts]
         return list(prompts)
 
-    def generate(self, prompts, params=None):
+    def generate(self, prompts, params=None, *, tag=None):
         """Generate for each prompt (raw text, no template, or token ids); outputs in prompt order."""
-        prompts = self._prompt_list(prompts)
-        seqs = [self.make_request(p, sp) for p, sp in zip(prompts, self._params_list(params, len(prompts)))]
-        self.run_until_done(seqs)
+        seqs = self.run_until_done(self.add_requests(prompts, params, tag=tag))
         return Outputs(self.output(s) for s in seqs)
 
     def render_chat(self, conversation, untrusted=False, add_generation_prompt=True):
@@ -301,31 +500,21 @@ class Engine:
             raise ValueError("this model has no tokenizer, so no chat template")
         return render_chat(self.tokenizer, conversation, add_generation_prompt=add_generation_prompt, untrusted=untrusted)
 
-    @staticmethod
-    def _conversation_list(conversations):
+    def chat_prompts(self, conversations, untrusted=False):
+        """Token ids of each conversation (one conversation, or a list of them)."""
         if conversations and isinstance(conversations[0], dict):
-            return [conversations]
-        return list(conversations)
+            conversations = [conversations]
+        return [self.render_chat(c, untrusted) for c in conversations]
 
-    def chat(self, conversations, params=None, untrusted=False):
+    def chat(self, conversations, params=None, untrusted=False, *, tag=None):
         """Generate replies to conversations (lists of {"role", "content"[, "untrusted"]} messages)."""
-        conversations = self._conversation_list(conversations)
-        return self.generate([self.render_chat(c, untrusted) for c in conversations], params)
+        return self.generate(self.chat_prompts(conversations, untrusted), params, tag=tag)
 
-    def logits(self, prompts):
+    def logits(self, prompts, *, tag=None):
         """Next-token logits (fp32, [len(prompts), vocab]) after each prompt or session, in one batched
         forward pass when the prompts fit in max_batch_tokens. Sessions stay where they are."""
-        seqs = [self._logits_seq(p) for p in self._prompt_list(prompts)]
-        self.run_until_done(seqs)
+        seqs = self.run_until_done(self.add_requests(prompts, logits=True, tag=tag))
         return torch.stack([s.logits for s in seqs])
-
-    def _logits_seq(self, prompt):
-        if isinstance(prompt, Session):
-            self._check_idle(prompt)
-            prompt.seq.start_turn(None, None, logits_only=True)
-            self._recompute_last(prompt.seq)
-            return prompt.seq
-        return self.make_logits_request(prompt)
 
     def candidate_token_ids(self, candidates):
         """The first token of each candidate continuation (tokenized as plain text)."""
@@ -337,12 +526,13 @@ class Engine:
             ids.append(tokens[0])
         return ids
 
-    def score(self, prompts, candidates):
+    def score(self, prompts, candidates, *, tag=None):
         """For each prompt, {candidate: log-probability of the candidate's first token as the next token}.
 
         candidates: one list for every prompt, or one list per prompt. One batched forward pass."""
         prompts = self._prompt_list(prompts)
-        return self.logprobs_of(self.logits(prompts), self.candidate_lists(prompts, candidates))
+        per_prompt = self.candidate_lists(prompts, candidates)
+        return self.logprobs_of(self.logits(prompts, tag=tag), per_prompt)
 
     @staticmethod
     def candidate_lists(prompts, candidates):
@@ -358,12 +548,12 @@ class Engine:
                 for i, cands in enumerate(per_prompt)]
 
     # -- sessions -----------------------------------------------------------------------------------
-    def open_session(self, prompt):
-        """A pinned sequence for round-robin turns; its KV stays cached until close_session."""
+    def open_session(self, prompt, *, tag=None):
+        """A pinned sequence for round-robin turns; its KV stays cached until close_session. Its requests
+        carry `tag` unless they are given their own."""
         ids = self.encode(prompt)
         self._check_fits(len(ids), "session prompt")
-        seq = Sequence(next(self._ids), ids, None, pinned=True, status=Status.IDLE)
-        return Session(seq)
+        return Session(Sequence(next(self._ids), ids, None, pinned=True, status=Status.IDLE), tag)
 
     def _check_idle(self, session):
         if not isinstance(session, Session):
@@ -386,14 +576,6 @@ class Engine:
         session.seq.token_ids.extend(ids)
         return len(ids)
 
-    def make_turn(self, session, params):
-        self._check_idle(session)
-        seq = session.seq
-        self._check_room(min(len(seq) + params.max_tokens, self.max_model_len), f"{session}")
-        seq.start_turn(params, make_generator(params.seed, self.device))
-        self._recompute_last(seq)
-        return seq
-
     @staticmethod
     def _recompute_last(seq):
         # Every token computed (after a logits call): recompute the last one to get its logits again.
@@ -401,18 +583,18 @@ class Engine:
             seq.num_computed -= 1
             seq.turn_start = seq.num_computed
 
-    def continue_(self, sessions, params=None):
+    def continue_(self, sessions, params=None, *, tag=None):
         """Generate from where each session stands, keeping the KV; the tokens join the session."""
-        sessions = [sessions] if isinstance(sessions, Session) else list(sessions)
-        seqs = [self.make_turn(s, p) for s, p in zip(sessions, self._params_list(params, len(sessions)))]
-        self.run_until_done(seqs)
+        seqs = self.run_until_done(self.add_requests(sessions, params, tag=tag))
         return Outputs(self.output(s) for s in seqs)
 
     def close_session(self, session):
+        """Free the session's blocks, whatever it is doing: a request in flight on it is aborted first."""
+        if not isinstance(session, Session):
+            raise TypeError(f"expected a Session, got {type(session).__name__}")
         if session.seq.status is Status.CLOSED:
             return
-        if session.seq.status is not Status.IDLE:
-            raise ValueError(f"{session} has a request in flight")
+        self.abort(session.seq)
         self.block_manager.release(session.seq)
         session.seq.status = Status.CLOSED
 

@@ -88,6 +88,24 @@ class BlockManager:
                 self.hashes[block] = h
                 self.tokens[block] = tuple(chunk)
 
+    def unregister_uncomputed(self, seq):
+        """Undo register_full_blocks for the blocks of `seq` past its computed tokens (a step that
+        failed): nobody may hit them. Returns the blocks unhashed here (other sequences that took them
+        as a prefix hit in the same step read K/V that was never written)."""
+        bs, dropped = self.block_size, set()
+        for i in range(seq.num_computed // bs, len(seq.block_hashes)):
+            block, h = seq.block_table[i], seq.block_hashes[i]
+            if self.hash_to_block.get(h) == block:
+                del self.hash_to_block[h]
+                self.hashes[block] = self.tokens[block] = None
+                dropped.add(block)
+        del seq.block_hashes[seq.num_computed // bs:]
+        return dropped
+
+    @property
+    def num_used(self):
+        return self.num_blocks - len(self.free)
+
     # -- allocation ----------------------------------------------------------------------------------
     def allocate(self, seq, num_tokens):
         """Give `seq` slots for its first num_tokens tokens. The caller checked blocks_needed <= num_free."""

@@ -8,7 +8,7 @@ cache). Sessions are pinned: they keep their blocks and are never preempted.
 """
 from collections import deque
 
-from .sequence import Status
+from .sequence import Row, Status
 
 
 class Scheduler:
@@ -18,21 +18,35 @@ class Scheduler:
         self.waiting = deque()
         self.running = []
         self.num_preemptions = 0
-        self.admitted_cached_tokens = 0  # prefix-cache hits of requests admitted since the last pop
+        self.admitted = [0, 0]  # since the last pop: prompt tokens found in the prefix cache, requests with a hit
 
-    def pop_admitted_cached_tokens(self):
-        n, self.admitted_cached_tokens = self.admitted_cached_tokens, 0
-        return n
+    def pop_admitted(self):
+        """(cached tokens, requests with a cache hit) of the requests admitted since the last call."""
+        admitted, self.admitted = self.admitted, [0, 0]
+        return tuple(admitted)
 
     def add(self, seq):
         seq.status = Status.WAITING
         self.waiting.append(seq)
 
+    def remove(self, seq):
+        """Take a request out, whatever it is doing (finished, aborted, failed): plain requests release
+        their blocks, sessions keep them and become idle."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.pinned:
+            seq.status = Status.IDLE
+        else:
+            self.blocks.release(seq)
+            seq.status = Status.FINISHED
+
     def has_work(self):
         return bool(self.waiting or self.running)
 
     def schedule(self):
-        """Return [(seq, num_new_tokens)] for the next step: decodes first, then prefill chunks."""
+        """Return the next step's rows: running sequences first, then newly admitted prefill chunks."""
         budget = self.max_batch_tokens
         batch = []
         for seq in list(self.running):
@@ -58,7 +72,8 @@ class Scheduler:
                 self.blocks.acquire_prefix(seq, hits, hashes)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = len(hits) * self.blocks.block_size
-            self.admitted_cached_tokens += len(hits) * self.blocks.block_size
+            self.admitted[0] += len(hits) * self.blocks.block_size
+            self.admitted[1] += bool(hits)
             seq.status = Status.RUNNING
             self.running.append(seq)
             self._take(seq, n, batch)
@@ -67,18 +82,16 @@ class Scheduler:
             raise RuntimeError(
                 "the KV cache cannot hold the next request: every block is held by open sessions or "
                 "running requests that cannot be preempted; raise num_blocks or close sessions")
-        # Decode rows (one token) first: the runner gives them the decode kernel as one group.
-        batch.sort(key=lambda item: item[1] > 1)
         return batch
 
     def _take(self, seq, n, batch):
         self.blocks.allocate(seq, seq.num_computed + n)
         self.blocks.register_full_blocks(seq, seq.num_computed + n)
-        batch.append((seq, n))
+        batch.append(Row(seq, seq.num_computed, n))
 
     def _make_room(self, seq, num_tokens, batch):
         """Free blocks for seq by preempting the newest unpinned running sequences not in this batch."""
-        scheduled = {id(s) for s, _ in batch}
+        scheduled = {id(row.seq) for row in batch}
         while self.blocks.blocks_needed(seq, num_tokens) > self.blocks.num_free:
             victims = [s for s in self.running if not s.pinned and id(s) not in scheduled]
             victim = victims[-1] if victims else None
@@ -96,11 +109,3 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def finish(self, seq):
-        """Called when a request ends: plain requests release their blocks, sessions keep them."""
-        self.running.remove(seq)
-        if seq.pinned:
-            seq.status = Status.IDLE
-        else:
-            self.blocks.release(seq)
-            seq.status = Status.FINISHED

@@ -6,7 +6,7 @@ from enum import Enum, auto
 class Status(Enum):
     WAITING = auto()  # queued; may already hold blocks (a preempted request holds none, a session keeps its own)
     RUNNING = auto()  # admitted: holds blocks, is prefilled or decoded each step
-    FINISHED = auto()  # done; a plain request has released its blocks
+    FINISHED = auto()  # done (or aborted, or failed: see finish_reason and error); blocks released
     IDLE = auto()  # a session between turns: keeps its blocks, waits for extend / continue_
     CLOSED = auto()  # a closed session: blocks released
 
@@ -30,6 +30,8 @@ class Sequence:
     stop_text_at: int | None = None  # length of the output text before a matched stop string
     logprobs: list = field(default_factory=list)
     logits: object = None  # logits-only result: fp32 [vocab]
+    tag: str | None = None  # the caller's label for the stats ("score", "refine", "turn", ...)
+    error: BaseException | None = None  # why the request failed (finish_reason "error")
 
     def __len__(self):
         return len(self.token_ids)
@@ -51,16 +53,43 @@ class Sequence:
         self.params, self.generator, self.logits_only = params, generator, logits_only
         self.turn_start = self.num_computed
         self.output_start = len(self.token_ids)
-        self.finish_reason, self.stop_text_at, self.logits = None, None, None
+        self.finish_reason, self.stop_text_at, self.logits, self.error = None, None, None, None
         self.logprobs = []
         self.status = Status.WAITING
+
+
+@dataclass(eq=False)  # rows are compared by identity
+class Row:
+    """One sequence's part of a forward pass: its tokens [start, start + num_tokens) get computed.
+
+    The one definition of the two phases: a "decode" row feeds the newest sampled token of the request
+    to get the next one; every other row is "prefill" (a prompt or a chunk of one, tokens appended to a
+    session, the recompute of a preempted request).
+    """
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def end(self):
+        return self.start + self.num_tokens
+
+    @property
+    def phase(self):
+        return "decode" if self.num_tokens == 1 and self.start >= self.seq.output_start else "prefill"
+
+    @property
+    def ends_sequence(self):
+        """Its last token is the sequence's last: the step's logits for the sequence come from it."""
+        return self.end == len(self.seq)
 
 
 class Session:
     """A caller's handle on a pinned sequence that keeps its KV cache between round-robin turns."""
 
-    def __init__(self, seq):
+    def __init__(self, seq, tag=None):
         self.seq = seq
+        self.tag = tag  # the stats tag of its requests that are not given their own
 
     @property
     def token_ids(self):

@@ -570,7 +570,7 @@ def cmd_resilience(args):
 
     from ..backends import LLMPool
     engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
-    with LLMPool(args.backend, **engine) as pool:
+    with getattr(args, "pool", LLMPool)(args.backend, **engine) as pool:  # `byzantium profile` hands in its own
         llm = pool.get(args.model)
         common = dict(concurrency=args.concurrency, config=config, progress=not args.no_progress, **kwargs)
         if many:

@@ -3,10 +3,24 @@
 Every backend module provides the same three functions (see `reference.py` for their contract):
 `store_kv`, `append_prefill_attention`, `paged_decode_attention`.
 """
+import functools
 import importlib
 import importlib.util
+import logging
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
+logger = logging.getLogger("byzantium")
+
+
+@functools.cache
+def warn_once(message):
+    """Log a fallback to a slower path, once per process: such fallbacks are never taken silently."""
+    logger.warning(message)
+
+
+def backend_name(ops):
+    """The attention_backend name of a module that attention_ops returned."""
+    return {"reference": "torch", "cpu": "cpu", "triton_ops": "triton", "flash": "flash_attn"}[ops.__name__.rsplit(".", 1)[-1]]
 
 
 def attention_ops(backend="auto", device="cpu"):
@@ -21,9 +35,15 @@ def attention_ops(backend="auto", device="cpu"):
     if backend == "auto":
         if device_type == "cuda":
             backend = "triton" if _importable("triton") else "torch"
+            if backend == "torch":
+                warn_once("byzantium: triton is not installed, so attention on CUDA uses the torch reference "
+                          "(much slower; pip install triton)")
         else:
             from . import cpu
             backend = "cpu" if device_type == "cpu" and cpu.available() else "torch"
+            if backend == "torch":
+                warn_once(f"byzantium: attention on {device_type} uses the torch reference: the compiled CPU "
+                          f"kernels are not available ({cpu.unavailable_reason(device_type)})")
     if backend == "torch":
         from . import reference
         return reference

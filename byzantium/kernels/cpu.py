@@ -12,7 +12,7 @@ size, a device other than the CPU, longer prefills) goes to the reference, whose
 """
 import torch
 
-from . import cpu_ext, reference
+from . import cpu_ext, reference, warn_once
 from .reference import store_kv  # noqa: F401 - part of this backend's three functions
 
 ROW_BY_ROW_MAX_NEW = 32  # new tokens per sequence up to which an append prefill runs row by row (see above)
@@ -22,10 +22,23 @@ def available() -> bool:
     return cpu_ext.load() is not None
 
 
+def unavailable_reason(device_type="cpu"):
+    if device_type != "cpu":
+        return f"they run on the CPU, this is {device_type}"
+    return cpu_ext.unsupported_reason() or "their build failed (logged above)"
+
+
 def _kernel(q, k_cache):
     ext = cpu_ext.load()
-    if (ext is None or q.device.type != "cpu" or q.dtype != torch.float32 or k_cache.dtype != torch.float32
-            or not ext.decode_supported(q.shape[-1])):
+    if ext is None:
+        return None
+    if q.device.type != "cpu" or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
+        warn_once(f"byzantium: the CPU attention kernel takes fp32 CPU tensors; {q.dtype} on {q.device.type} "
+                  f"uses the torch reference")
+        return None
+    if not ext.decode_supported(q.shape[-1]):
+        warn_once(f"byzantium: the CPU attention kernel does not support head size {q.shape[-1]}; "
+                  f"it uses the torch reference")
         return None
     return ext
 

@@ -14,21 +14,35 @@ import hashlib
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import torch
 
 from ..paths import cache_root
+from . import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp")]
 
 
 def supported() -> bool:
     """AVX2 (with FMA, which every AVX2 x86 CPU has) on Linux, and a C++ compiler and ninja to build with."""
+    return unsupported_reason() is None
+
+
+def unsupported_reason():
+    """Why the kernels cannot be built here, or None."""
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
-    return (sys.platform.startswith("linux") and capability in ("AVX2", "AVX512")
-            and shutil.which("c++") is not None and _find_ninja() and all(path.exists() for path in SOURCES))
+    if not sys.platform.startswith("linux"):
+        return f"they are built on Linux only, this is {sys.platform}"
+    if capability not in ("AVX2", "AVX512"):
+        return f"the CPU has no AVX2 (torch reports {capability or 'nothing'})"
+    if shutil.which("c++") is None:
+        return "no C++ compiler (c++) on PATH"
+    if not _find_ninja():
+        return "ninja is not installed"
+    if not all(path.exists() for path in SOURCES):
+        return "their sources are missing from the installation"
+    return None
 
 
 def _find_ninja() -> bool:
@@ -46,7 +60,10 @@ def _find_ninja() -> bool:
 
 @functools.cache
 def load():
-    if not supported():
+    reason = unsupported_reason()
+    if reason is not None:
+        warn_once(f"byzantium: the compiled CPU kernels are not used ({reason}); the linears use oneDNN "
+                  f"and attention the torch reference")
         return None
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()).hexdigest()[:12]
     build_dir = cache_root() / "ext" / f"cpu-{digest}"
@@ -59,6 +76,6 @@ def load():
         return build(name=f"byzantium_cpu_{digest}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means: use the fallbacks
-        warnings.warn(f"byzantium: the CPU kernels could not be built ({type(error).__name__}: "
-                      f"{str(error)[:200]}); using oneDNN and the torch attention instead", RuntimeWarning, stacklevel=2)
+        warn_once(f"byzantium: the CPU kernels could not be built ({type(error).__name__}: {str(error)[:200]}); "
+                  f"the linears use oneDNN and attention the torch reference")
         return None

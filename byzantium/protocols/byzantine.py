@@ -125,7 +125,7 @@ class Adversary:
         Nothing to do in the other modes; calling it again does nothing."""
         if self.ready:
             return
-        out = await self.llm.chat(decoy_prompt(self.task), self.params)
+        out = await self.llm.chat(decoy_prompt(self.task), self.params, tag="decoy")
         self.text = out.text
         answer = self.task.extract(out.text)
         self.fell_back = answer is None or self.task.accepts(answer)

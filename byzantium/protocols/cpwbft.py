@@ -102,7 +102,8 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
         # Decoy adversaries write their answers alongside the first solves (later rounds: nothing to do).
         outs, _ = await asyncio.gather(
             asyncio.gather(*(a.llm.chat(prompts.cpwbft_solve(task),
-                                        seeded(solve_params, seed, task.id, a.id, t, "solve")) for a in honest)),
+                                        seeded(solve_params, seed, task.id, a.id, t, "solve"), tag="solve")
+                             for a in honest)),
             prepare_adversaries(agents))
         solved, text = {}, {}
         for a, out in zip(honest, outs):

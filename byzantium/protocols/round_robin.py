@@ -136,7 +136,7 @@ async def round_robin(task, agents, k=100, max_len=512, attack="strong", tempera
             want = min(k, max_len - total)
             params = SamplingParams(max_tokens=want, temperature=temperature,
                                     seed=stable_seed("rr", seed, task.id, index, turn))
-            out = await ctx.llm.continue_(ctx.session, params)
+            out = await ctx.llm.continue_(ctx.session, params, tag="turn")  # prefills what was appended, then decodes
             text = _chunk_text(ctx.llm, ctx.reply, out.token_ids, out.text)
             ctx.reply += out.token_ids
             chunks.append(Chunk(i, agents[i].corrupted, len(out.token_ids), text, list(out.token_ids)))

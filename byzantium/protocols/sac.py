@@ -67,15 +67,15 @@ class Scorer:
     async def __call__(self, llm, task, answer, seed=None):
         if self.mode == "generate":
             params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
-            out = await llm.chat(prompts.judge(task, answer), params)
+            out = await llm.chat(prompts.judge(task, answer), params, tag="score")
             score, parsed = parse_score(out.text)
             return {"score": score, "parsed": parsed, "text": out.text}
         if self.logprob_kind == "yes":
-            lp = await llm.score(prompts.judge_yes_no(task, answer), ["Yes", "No"])
+            lp = await llm.score(prompts.judge_yes_no(task, answer), ["Yes", "No"], tag="score")
             yes, no = math.exp(lp["Yes"]), math.exp(lp["No"])
             return {"score": yes / (yes + no) if yes + no > 0 else 0.5, "parsed": yes + no > 0, "text": None}
         digits = [str(d) for d in range(10)]
-        lp = await llm.score(prompts.judge_digit(task, answer), digits)
+        lp = await llm.score(prompts.judge_digit(task, answer), digits, tag="score")
         p = [math.exp(lp[d]) for d in digits]
         total = sum(p)
         value = sum(d * pd for d, pd in enumerate(p)) / total / 9 if total > 0 else 0.5
@@ -109,7 +109,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
 
     # Round 0: answer, then self-score. Decoy adversaries write their answers alongside (one batch).
     outs, _ = await asyncio.gather(asyncio.gather(*(a.llm.chat(prompts.solve(task), seeded(
-        solve_params, seed, task.id, a.id, 0, "solve")) for a in honest)), prepare_adversaries(agents))
+        solve_params, seed, task.id, a.id, 0, "solve"), tag="solve") for a in honest)), prepare_adversaries(agents))
     answer = {a.id: a.adversary.answer for a in agents if not a.honest}
     text = {}
     for a, out in zip(honest, outs):
@@ -134,7 +134,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         refining = [a for a in honest if plans[a.id][3]]  # empty kept set: no call
         outs = await asyncio.gather(*(a.llm.chat(prompts.refine(
             task, answer[a.id], [(msg(j, a.id), s) for j, s in plans[a.id][0] if j in plans[a.id][3]], F),
-            seeded(solve_params, seed, task.id, a.id, t, "refine")) for a in refining))
+            seeded(solve_params, seed, task.id, a.id, t, "refine"), tag="refine") for a in refining))
         new_answer, new_text, refined = dict(answer), {}, {}
         for a, out in zip(refining, outs):
             parsed = task.extract(out.text)

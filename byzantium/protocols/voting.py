@@ -41,7 +41,7 @@ async def majority_vote(task, agents, attack="strong", max_tokens=512, temperatu
     async def answer(i, agent):
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
                                 seed=stable_seed("maj", seed, task.id, i))
-        out = await agent.llm.chat(agent_messages(task, inject if agent.corrupted else None), params)
+        out = await agent.llm.chat(agent_messages(task, inject if agent.corrupted else None), params, tag="vote")
         return AgentAnswer(i, agent.corrupted, out.text, extract_answer(out.text, task.kind, task.choices),
                            len(out.token_ids))
 

@@ -113,7 +113,7 @@ class AutoInject(Fault):
 
         pieces = {str(k): frame(parts[slots[k]])[1] for k in chosen}
         self.stats["llm_calls"] += 1
-        out = await llm.chat(self.request(kind, pieces), self.params)
+        out = await llm.chat(self.request(kind, pieces), self.params, tag="inject")
         record["reply"] = out.text
         versions = parse_json_object(out.text)
         record["json"] = "ok" if versions is not None else "invalid"

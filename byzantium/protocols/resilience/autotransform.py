@@ -87,7 +87,7 @@ class AutoTransform(Fault):
 
     async def _ask(self, llm, role, kind, profile, key):
         self.stats["requests"] += 1
-        out = await llm.chat(self.request(role, kind, profile), self.params)
+        out = await llm.chat(self.request(role, kind, profile), self.params, tag="transform")
         parsed = parse_reply(out.text)
         if parsed is None:
             self.stats["fallbacks"] += 1

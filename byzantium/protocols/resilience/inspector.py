@@ -28,7 +28,7 @@ class Inspector:
 
     async def review(self, llm, task, kind, history, message):
         """(text to deliver, record) for `message` (a transcript message) after `history`."""
-        out = await llm.chat(self.request(task, kind, history, message), self.params)
+        out = await llm.chat(self.request(task, kind, history, message), self.params, tag="inspect")
         reply = parse_json_object(out.text) or {}
         decision = str(reply.get("decision", "")).strip().lower()
         revision = reply.get("revision")

@@ -129,7 +129,7 @@ async def run_system(system, task, llm, fault=None, defense=None, params=None, s
     async def speak(turn, index, step, history):
         out = await role_llms.get(turn.speaker, llm).chat(
             agent_messages(profiles[turn.speaker], task, kind, turn, history),
-            replace(params, seed=stable_seed("resilience", seed, task.id, index)))
+            replace(params, seed=stable_seed("resilience", seed, task.id, index)), tag="agent")
         msg = {"index": index, "step": step, "sender": turn.speaker, "receivers": list(turn.to),
                "text": out.text, "original": out.text, "injected": False, "inspected": False, "revised": False}
         if fault is not None and turn.speaker == system.faulty_role:
