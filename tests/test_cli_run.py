@@ -62,6 +62,8 @@ def test_run_rr_end_to_end_and_resume(smollm2_dir, tmp_path, capsys, monkeypatch
     assert (summary["config"]["temperature"], summary["config"]["order"]) == (0.7, "shuffle")
     engine = summary["engine"]
     assert engine["prefill_tokens"] > 0 and engine["decode_tokens"] > 0 and "cached_tokens" in engine
+    (described,) = engine["engines"].values()  # Engine.describe(): what produced these numbers
+    assert described["backend"] == "native" and described["attention_backend"] and described["kv_cache"]["num_blocks"] > 0
     assert "accuracy" in capsys.readouterr().out  # the table
 
     def fail(*args, **kwargs):

@@ -69,6 +69,10 @@ class LLM(ABC):
     def reset_stats(self) -> None:
         """Zero the counters (e.g. between a warm-up and a measured run)."""
 
+    def describe(self) -> dict:
+        """What runs this model (recorded in every run's summary.json)."""
+        return {"backend": type(self).__name__, "model": getattr(self, "name", None)}
+
     def close(self) -> None:
         """Release what the model holds (threads, memory)."""
 

@@ -69,6 +69,10 @@ class HFLLM(LLM):
     def reset_stats(self):
         self._totals = _zero_stats()
 
+    def describe(self):
+        return {"backend": "hf", "model": self.name, "model_code": f"transformers {type(self.model).__name__}",
+                "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device)}
+
     def close(self):
         self.model = None
 

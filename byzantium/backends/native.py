@@ -27,6 +27,9 @@ class NativeLLM(LLM):
     def reset_stats(self):
         self.engine.reset_stats()
 
+    def describe(self):
+        return {"backend": "native", **self.engine.describe()}
+
     def close(self):
         self.engine.shutdown()
 

@@ -106,6 +106,9 @@ def engine_stats(llms):
             total[key] = max(total[key], value) if key == "max_batch_seqs" else total[key] + value
     if len(distinct) > 1:
         total["per_model"] = per_model
+    # which code, kernels, dtype and KV pool produced these numbers (a fallback shows here too)
+    total["engines"] = {getattr(llm, "name", str(i)): llm.describe() if hasattr(llm, "describe") else {}
+                        for i, llm in enumerate(distinct)}
     return total
 
 
