@@ -168,6 +168,17 @@ def check_trace(path):
     assert set(tracks) == {"steps", "prefill", "decode"}
     slices = Counter(e["tid"] for e in events if e["ph"] == "X")
     assert all(slices[tracks[name]] > 0 for name in tracks)
+    # requests as flows: each starts once, ends once, later, and every point lies inside a step slice
+    flows = {}
+    for e in events:
+        if e["ph"] in "stf" and e.get("cat") == "request":
+            flows.setdefault(e["id"], []).append(e)
+    assert flows
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["tid"] == tracks["steps"]]
+    for points in flows.values():
+        assert [e["ph"] for e in points] == ["s", *["t"] * (len(points) - 2), "f"]
+        assert all(a["ts"] < b["ts"] for a, b in zip(points, points[1:]))
+        assert all(any(lo <= e["ts"] <= hi for lo, hi in steps) for e in points)
     return trace
 
 

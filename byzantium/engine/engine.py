@@ -293,7 +293,7 @@ class Engine:
             rows, seqs, logits, ended = self._isolate(rows, seqs, logits, failed)
         self._stats.totals["preemptions"] += self.scheduler.num_preemptions - preempted_before
         if rows:
-            step_rows = [(row.seq.tag, row.phase, row.num_tokens) for row in rows]
+            step_rows = [(row.seq.tag, row.phase, row.num_tokens, row.seq.seq_id) for row in rows]
             ended += self.postprocess(rows, seqs, logits)
             self._stats.record(start, time.perf_counter() - start, step_rows, len(rows), self.block_manager.num_used,
                                cached_tokens, cache_hits, phase_seconds=phase_seconds)

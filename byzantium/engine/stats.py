@@ -20,7 +20,7 @@ time is shared among its rows by tokens; the by-tag breakdown sums those shares 
 """
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class StepRecord:
     cached_tokens: int  # prompt tokens that requests admitted in this step found in the prefix cache
     cache_hits: int  # requests admitted in this step that found any
     tags: list  # [tag, phase, rows, tokens, ns] per (tag, phase) in the step
+    requests: list = field(default_factory=list)  # the request id of each row, in row order
 
     start = property(lambda self: self.start_ns / 1e9)
     seconds = property(lambda self: self.ns / 1e9)
@@ -112,10 +113,10 @@ class EngineStats:
                            preemptions=0, requests=0)
 
     def record(self, start, seconds, rows, num_seqs, kv_blocks_used, cached_tokens, cache_hits, phase_seconds=None):
-        """One forward pass. rows: (tag, phase, num_tokens) per scheduled sequence; phase_seconds:
-        {"prefill": s, "decode": s} when the two phases ran as separately timed passes."""
+        """One forward pass. rows: (tag, phase, num_tokens[, request id]) per scheduled sequence;
+        phase_seconds: {"prefill": s, "decode": s} when the two phases ran as separately timed passes."""
         groups = {}
-        for tag, phase, n in rows:
+        for tag, phase, n, *_ in rows:
             if phase not in PHASES:
                 raise ValueError(f"unknown phase {phase!r}")
             g = groups.setdefault((tag, phase), [0, 0])
@@ -168,7 +169,7 @@ class EngineStats:
         self.records.append(StepRecord(
             t["steps"], start_ns, ns, phase_ns["prefill"], phase_ns["decode"], attribution,
             "decode" if not p else "prefill" if not d else "mixed", num_seqs, p, d, kv_blocks_used,
-            cached_tokens, cache_hits, tags))
+            cached_tokens, cache_hits, tags, [row[3] for row in rows if len(row) > 3]))
 
     def attribution(self):
         """The rule(s) that split this run's mixed steps."""
@@ -205,7 +206,8 @@ class EngineStats:
     def to_chrome_trace(self, path, name="engine", metadata=None):
         """Write the steps as a Chrome trace (Perfetto, chrome://tracing): one track of steps, one of
         prefill and one of decode (each step's attributed time, laid end to end inside the step; a slice
-        per tag inside, the tag as its category), and counters of sequences and KV blocks in use."""
+        per tag inside, the tag as its category), counters of sequences and KV blocks in use, and each
+        request as a flow through the steps it took part in."""
         us = lambda ns: ns / 1000  # integer ns -> us: Perfetto reads back the same integer ns
         events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
         for tid, track in enumerate(("steps", "prefill", "decode")):
@@ -236,8 +238,28 @@ class EngineStats:
                            "args": {"sequences": r.num_seqs}})
             events.append({"name": "kv blocks", "ph": "C", "pid": 0, "ts": us(r.start_ns),
                            "args": {"used": r.kv_blocks_used}})
+        events += _request_flows(self.records, us)
         trace = {"traceEvents": events, "displayTimeUnit": "ms",
                  "otherData": {"summary": self.summary(), **({"engine": metadata} if metadata else {})}}
         with open(path, "w") as f:
             json.dump(trace, f, default=str)
         return trace
+
+
+def _request_flows(records, us):
+    """Flow events (arrows in Perfetto) that follow each request from the first step slice it was in
+    to the last, bound to the step slices they fall inside."""
+    steps_of = {}
+    for r in records:
+        for request in dict.fromkeys(r.requests):
+            steps_of.setdefault(request, []).append(r)
+    events = []
+    for request, steps in steps_of.items():
+        if len(steps) < 2:
+            continue
+        for i, r in enumerate(steps):
+            ph = "s" if i == 0 else "f" if i == len(steps) - 1 else "t"
+            events.append({"name": "request", "cat": "request", "ph": ph, "id": request, "pid": 0, "tid": 0,
+                           "ts": us(r.start_ns + r.ns // 2), "bp": "e"})
+    return events
+

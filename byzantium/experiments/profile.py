@@ -7,12 +7,11 @@ Written to the run's out dir, one set per model loaded (a second model's files e
 
     profile.json      the engine (describe()), the summary, the table by tag, every step record
     trace.json        a Chrome trace (Perfetto, chrome://tracing): steps, prefill and decode tracks,
-                      tags as categories, counters of sequences and KV blocks
+                      tags as categories, counters of sequences and KV blocks, requests as flows
     profile.png       time per step stacked by prefill/decode; batch size and KV occupancy beneath
     torch_trace.json  with --torch-profiler: torch.profiler over a few steps (ops and kernels)
 
 and printed: the engine, and per tag and phase the tokens, seconds, tokens/s and share of the run.
-Request flows are not in the trace: a step record keeps its rows per (tag, phase), not per request.
 """
 import json
 from contextlib import nullcontext
