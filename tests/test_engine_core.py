@@ -15,8 +15,9 @@ def spy_records(engine):
     calls, real = [], engine._stats.record
 
     def record(start, seconds, rows, num_seqs, kv_blocks_used, cached_tokens, cache_hits, phase_seconds=None):
-        calls.append(dict(rows=list(rows), num_seqs=num_seqs, kv_blocks_used=kv_blocks_used,
-                          cached_tokens=cached_tokens, cache_hits=cache_hits, phase_seconds=phase_seconds))
+        calls.append(dict(rows=[tuple(r[:3]) for r in rows], num_seqs=num_seqs, kv_blocks_used=kv_blocks_used,
+                          cached_tokens=cached_tokens, cache_hits=cache_hits, phase_seconds=phase_seconds,
+                          requests=[r[3] for r in rows]))
         real(start, seconds, rows, num_seqs, kv_blocks_used, cached_tokens, cache_hits, phase_seconds=phase_seconds)
 
     engine._stats.record = record
@@ -52,7 +53,8 @@ def test_core_api_and_one_record_per_step(tiny_llama):
     assert len(calls) == steps == 3
     # b hit a's prefix blocks, hashed earlier in the same step.
     assert calls[0] == dict(rows=[("score", "prefill", 35), (None, "prefill", 1)], num_seqs=2,
-                            kv_blocks_used=4, cached_tokens=32, cache_hits=1, phase_seconds=None)
+                            kv_blocks_used=4, cached_tokens=32, cache_hits=1, phase_seconds=None,
+                            requests=[s.seq_id for s in seqs])  # each row names its request (trace flows)
     assert calls[1]["rows"] == [("score", "decode", 1), (None, "decode", 1)]
     assert calls[-1]["kv_blocks_used"] == 0  # both finished in the last step: blocks back in the pool
     assert [engine.output(s).token_ids for s in seqs] == [o.token_ids for o in engine.generate([a, b], params)]
@@ -113,7 +115,7 @@ def test_profile_runs_prefill_and_decode_as_two_passes_with_the_same_outputs(tin
         assert len(passes) == len(calls)
         mixed = 0
         for call, step_passes in zip(calls, passes):
-            phases = {phase for _, phase, _ in call["rows"]}
+            phases = {phase for _, phase, _ in call["rows"]}  # (tag, phase, tokens)
             if profile and len(phases) == 2:
                 mixed += 1
                 assert step_passes == [{"prefill"}, {"decode"}]
