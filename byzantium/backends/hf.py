@@ -104,11 +104,11 @@ class HFLLM(LLM):
     def _run_generate(self, ids, params):
         self._check(ids)
         self._totals["requests"] += 1
-        request = SimpleNamespace(params=params, generator=make_generator(params.seed, self.device))
+        request = SimpleNamespace(params=params, generator=make_generator(params.seed, self.device), output_ids=[])
         cache = DynamicCache()
         logits = self._forward(ids, cache)
         self._totals["prefill_tokens"] += len(ids)
-        out, logprobs = [], []
+        out, logprobs = request.output_ids, []  # the sampler reads output_ids for the penalties
         while True:
             (token,), (lp,) = sample(logits, [request])
             out.append(token)

@@ -28,6 +28,8 @@ class AsyncEngine:
         self._waiters = {}  # seq_id -> (seq, future) of the requests in flight
         self._after_step = []  # engine calls asked for while a step runs: made right after it
         self._step_ended = []  # futures of coroutines waiting for the running step to end
+        self._streams = {}  # seq_id -> asyncio.Queue of a streamed request: told after every step
+        self.arriving = 0  # requests waiting for the running step to end before they join the engine
         self._loop_task = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byzantium-step")
         self._stepping = False
@@ -70,15 +72,28 @@ class AsyncEngine:
             self._step_ended.append(ended)
             await ended
 
+    @property
+    def num_waiting(self):
+        """Requests not running yet: queued in the scheduler, or arrived during the running step."""
+        return len(self.engine.scheduler.waiting) + self.arriving
+
+    @property
+    def num_running(self):
+        return len(self.engine.scheduler.running)
+
     def _now_or_after_step(self, action):
         if self._stepping:
             self._after_step.append(action)
         else:
             action()
 
-    async def _run_requests(self, add):
-        """add() queues requests on the engine; wait until they end and return their sequences."""
-        await self._between_steps()
+    async def _add(self, add):
+        """add() queues requests on the engine (between steps); returns their sequences and futures."""
+        self.arriving += 1
+        try:
+            await self._between_steps()
+        finally:
+            self.arriving -= 1
         seqs = add()
         loop = asyncio.get_running_loop()
         futures = []
@@ -87,6 +102,11 @@ class AsyncEngine:
             self._waiters[seq.seq_id] = (seq, futures[-1])
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run())
+        return seqs, futures
+
+    async def _run_requests(self, add):
+        """add() queues requests on the engine; wait until they end and return their sequences."""
+        seqs, futures = await self._add(add)
         try:
             await asyncio.gather(*futures)
         except BaseException:  # cancelled, or one of them failed: the others are of no use to anyone
@@ -132,16 +152,44 @@ class AsyncEngine:
                     future.set_exception(seq.error)
                 else:
                     future.set_result(seq)
+            for queue in self._streams.values():
+                queue.put_nowait(None)
         # Nothing left to step: a waiter still here would wait forever (a bug); tell it instead.
         for seq, future in self._waiters.values():
             if not future.done():
                 future.set_exception(RuntimeError(f"request {seq.seq_id} is not in the engine ({seq.status.name})"))
         self._waiters.clear()
+        for queue in self._streams.values():
+            queue.put_nowait(None)
 
     # -- operations ---------------------------------------------------------------------------------
     async def generate(self, prompts, params=None, *, tag=None):
         seqs = await self._run_requests(lambda: self.engine.add_requests(prompts, params, tag=tag))
         return Outputs(self.engine.output(s) for s in seqs)
+
+    async def stream(self, prompt, params=None, *, tag=None):
+        """One request, as it goes: yields its Sequence after every step (read `seq.output_ids`; tokens may
+        not have changed) and once more when it ended (`seq.finish_reason` set; then `output(seq)`).
+        A failed request raises its error here. Leaving the loop early (a client gone, a cancelled task)
+        aborts the request and frees its blocks."""
+        (seq,), (future,) = await self._add(lambda: [self.engine.add_request(prompt, params, tag=tag)])
+        queue = self._streams[seq.seq_id] = asyncio.Queue()
+        try:
+            while not future.done():
+                await queue.get()
+                if not future.done():
+                    yield seq
+            yield future.result()  # raises the request's error
+        finally:
+            self._streams.pop(seq.seq_id, None)
+            if not future.done():
+                self._waiters.pop(seq.seq_id, None)
+                future.cancel()
+                self._now_or_after_step(lambda: self.engine.abort(seq))
+
+    def output(self, seq):
+        """The RequestOutput of a streamed request's Sequence (text cut before a stop string)."""
+        return self.engine.output(seq)
 
     async def chat(self, conversations, params=None, untrusted=False, *, tag=None):
         return await self.generate(self.engine.chat_prompts(conversations, untrusted), params, tag=tag)

@@ -18,6 +18,17 @@ def make_generator(seed, device):
     return generator
 
 
+def _penalize(row, request):
+    """OpenAI's presence and frequency penalties over the tokens this request generated so far."""
+    generated = request.output_ids
+    if not generated:
+        return row
+    counts = torch.bincount(torch.tensor(generated, device=row.device), minlength=row.numel())[:row.numel()]
+    counts = counts.to(row.dtype)
+    p = request.params
+    return row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(row.dtype)
+
+
 def sample(logits, requests):
     """Pick one token per row of `logits` [N, V] (fp32) for `requests` (objects with .params, .generator).
 
@@ -27,9 +38,12 @@ def sample(logits, requests):
     tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done; sampled rows are overwritten below
     for i, request in enumerate(requests):
         params = request.params
+        penalized = params.presence_penalty or params.frequency_penalty
         if params.greedy:
+            if penalized:
+                tokens[i] = int(_penalize(logits[i], request).argmax())
             continue
-        row = logits[i] / params.temperature
+        row = (_penalize(logits[i], request) if penalized else logits[i]) / params.temperature
         if params.top_k > 0 and params.top_k < row.numel():
             kth = torch.topk(row, params.top_k).values[-1]
             row = row.masked_fill(row < kth, float("-inf"))

@@ -98,7 +98,9 @@ class CostModel:
 
 
 class EngineStats:
-    def __init__(self):
+    def __init__(self, keep_records=None):
+        # A long-lived engine (the server) keeps only its latest records; the totals count every step.
+        self.keep_records = keep_records
         self.reset()
 
     def reset(self):
@@ -170,6 +172,8 @@ class EngineStats:
             t["steps"], start_ns, ns, phase_ns["prefill"], phase_ns["decode"], attribution,
             "decode" if not p else "prefill" if not d else "mixed", num_seqs, p, d, kv_blocks_used,
             cached_tokens, cache_hits, tags, [row[3] for row in rows if len(row) > 3]))
+        if self.keep_records is not None and len(self.records) >= 2 * self.keep_records:
+            del self.records[:len(self.records) - self.keep_records]  # trimmed in batches: amortised O(1)
 
     def attribution(self):
         """The rule(s) that split this run's mixed steps."""

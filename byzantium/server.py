@@ -1,0 +1,341 @@
+"""An OpenAI-compatible HTTP server on the engine: `byzantium serve`.
+
+    app = build_app({"smollm2-135m": llm})          # name -> NativeLLM; one AsyncEngine per model
+    with ServerThread(app) as url: ...              # uvicorn in a thread, on a free port (tests, embedding)
+
+Every request of every client becomes a request of its model's AsyncEngine, so concurrent clients share
+forward passes and the prefix cache. Endpoints: GET /health, GET /metrics (Prometheus), GET /v1/models,
+POST /v1/completions, POST /v1/chat/completions (both with stream, n, logprobs, usage with cached tokens),
+and our own /v1/sessions (open, append, continue, close), which keep an agent's context in the KV cache
+between turns so that round-robin over HTTP prefills only the new tokens.
+
+Extensions, named as vLLM names them where it has them: `return_token_ids`, `return_tokens_as_token_ids`,
+`top_k`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`, and a message's `"untrusted": true`
+(its content tokenized as plain text: no special tokens parsed). Unknown fields are ignored.
+Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from .backends.params import SamplingParams
+from .engine.chat import ChatTemplateError, render_chat
+
+MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's limit)
+KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
+
+
+class APIError(Exception):
+    def __init__(self, status, message, type="invalid_request_error", param=None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+def error_response(status, message, type="invalid_request_error", param=None, code=None):
+    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}}, status)
+
+
+# -- request bodies (unknown fields ignored) ---------------------------------------------------------------
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    n: int = Field(1, ge=1, le=64)
+    stream: bool = False
+    stream_options: dict | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: str | list[dict] | None = None
+    untrusted: bool | None = None
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class SessionOpen(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    prompt: str | list[int] | None = None
+    messages: list[Message] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class SessionAppend(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str | None = None
+    token_ids: list[int] | None = None
+
+
+class SessionContinue(Sampling):
+    model: str | None = None  # the session's model
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+# -- the server ---------------------------------------------------------------------------------------------
+class Served:
+    """One model behind the server: its LLM (a NativeLLM), its AsyncEngine and its counters."""
+
+    def __init__(self, name, llm):
+        self.name, self.llm, self.engine = name, llm, llm.engine
+        self.engine.engine.step_records.keep_records = KEEP_STEP_RECORDS
+        self.created = int(time.time())
+
+    @property
+    def max_model_len(self):
+        return self.engine.engine.max_model_len
+
+
+class Server:
+    def __init__(self, llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024):
+        if not llms:
+            raise ValueError("a server needs at least one model")
+        self.models = {name: Served(name, llm) for name, llm in llms.items()}
+        self.api_key, self.max_waiting, self.max_body_bytes = api_key, max_waiting, max_body_bytes
+        self.max_sessions = max_sessions
+        self.sessions = {}  # id -> (Served, Session)
+        from .server_metrics import Metrics
+        self.metrics = Metrics(self)
+
+    # -- checks ----------------------------------------------------------------------------------------
+    def model(self, name) -> Served:
+        if name not in self.models:
+            raise APIError(404, f"The model `{name}` does not exist. Served: {', '.join(self.models)}",
+                           param="model", code="model_not_found")
+        return self.models[name]
+
+    def admit(self, served, count=1):
+        """429 when the model's waiting queue is full (the engine stays bounded, the others keep going)."""
+        if served.engine.num_waiting + count > self.max_waiting:
+            raise APIError(429, f"the server is busy: {served.engine.num_waiting} requests are waiting for "
+                                f"`{served.name}` (limit {self.max_waiting}); retry later",
+                           type="rate_limit_exceeded", code="rate_limit_exceeded")
+
+    @staticmethod
+    def check_length(served, ids, max_tokens, param):
+        limit = served.max_model_len
+        if len(ids) >= limit or (max_tokens is not None and len(ids) + max_tokens > limit):
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{len(ids) + (max_tokens or 0)} tokens ({len(ids)} in the {param}, "
+                                f"{max_tokens or 0} for the completion). Please reduce the length.",
+                           param=param, code="context_length_exceeded")
+
+    # -- prompts ---------------------------------------------------------------------------------------
+    def completion_prompts(self, served, body):
+        prompt = body.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise APIError(400, "prompt is empty", param="prompt")
+        out = []
+        for p in prompt:
+            try:
+                out.append(served.engine.engine.encode(p))
+            except ValueError as error:
+                raise APIError(400, str(error), param="prompt")
+        return out
+
+    def chat_ids(self, served, messages, template_kwargs, param="messages"):
+        conversation = []
+        for i, m in enumerate(messages):
+            content = m.content
+            if isinstance(content, list):  # content parts: only text ones can be served here
+                if any(part.get("type") != "text" for part in content):
+                    raise APIError(400, "only text content parts are supported", param=f"messages[{i}].content")
+                content = "".join(part.get("text", "") for part in content)
+            message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+            if m.untrusted is not None:
+                message["untrusted"] = m.untrusted
+            conversation.append(message)
+        if served.llm.tokenizer is None:
+            raise APIError(400, f"model `{served.name}` has no tokenizer, so no chat template", param="model")
+        try:
+            return render_chat(served.llm.tokenizer, conversation, **(template_kwargs or {}))
+        except (ChatTemplateError, TypeError, ValueError) as error:
+            raise APIError(400, f"the chat template cannot render these messages: {error}", param=param)
+        except Exception as error:  # jinja2 errors raised by the template itself (e.g. "roles must alternate")
+            raise APIError(400, f"the chat template refused these messages: {error}", param=param)
+
+    @staticmethod
+    def params(body, max_tokens, logprobs, index=0):
+        """SamplingParams of choice `index`: with a seed, choice i samples with seed + i (distinct choices)."""
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                seed=None if body.seed is None else body.seed + index, stop=body.stop,
+                stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos, logprobs=logprobs,
+                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty)
+        except ValueError as error:
+            field = next((f for f in ("max_tokens", "temperature", "top_p", "top_k", "logprobs", "stop",
+                                      "presence_penalty", "frequency_penalty") if f in str(error)), None)
+            raise APIError(400, str(error), param=field)
+
+    # -- running requests ----------------------------------------------------------------------------
+    async def generate(self, served, request, ids_list, param_lists):
+        """Non-streamed: every (prompt, choice) as one engine request; a client gone cancels them."""
+        prompts = [ids for ids, params in zip(ids_list, param_lists) for _ in params]
+        params = [p for params in param_lists for p in params]
+        task = asyncio.ensure_future(served.engine.generate(prompts, params, tag="serve"))
+        while not task.done():
+            await asyncio.wait([task], timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()  # AsyncEngine aborts the requests and frees their blocks
+        try:
+            return task.result()
+        except asyncio.CancelledError:
+            raise APIError(499, "the client closed the connection", code="client_closed")
+        except ValueError as error:
+            raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else None)
+
+    def count(self, served, outs, prompt_lens, n):
+        """usage: prompt tokens once per prompt; cached tokens as the first choice of each prompt found them."""
+        cached = sum(outs[i * n].num_cached_tokens for i in range(len(prompt_lens)))
+        generated = sum(len(o.token_ids) for o in outs)
+        self.metrics.tokens(served.name, sum(prompt_lens), cached, generated)
+        return {"prompt_tokens": sum(prompt_lens), "completion_tokens": generated,
+                "total_tokens": sum(prompt_lens) + generated, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _token_text(tokenizer, token_id, as_ids):
+    if as_ids or tokenizer is None:
+        return f"token_id:{token_id}"
+    return tokenizer.decode([token_id])
+
+
+def chat_logprobs(tokenizer, token_ids, logprobs, top, as_ids):
+    """OpenAI's chat logprobs.content for generated tokens (each entry: the token, then its top ones)."""
+    content = []
+    for token_id, entry in zip(token_ids, logprobs or []):
+        text = _token_text(tokenizer, token_id, as_ids)
+        ranked = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
+        content.append({"token": text, "logprob": entry[token_id], "bytes": list(text.encode()),
+                        "top_logprobs": [{"token": (t := _token_text(tokenizer, i, as_ids)), "logprob": lp,
+                                          "bytes": list(t.encode())} for i, lp in ranked]})
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer, token_ids, logprobs, top, as_ids, offset=0):
+    """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, values, tops, offsets = [], [], [], []
+    for token_id, entry in zip(token_ids, logprobs or []):
+        text = _token_text(tokenizer, token_id, as_ids)
+        tokens.append(text)
+        values.append(entry[token_id])
+        tops.append({_token_text(tokenizer, i, as_ids): lp for i, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:top]})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+class TextStream:
+    """The text of a streamed request, sent as deltas that reassemble to exactly the final text: a
+    partly decoded character, or an ending that may be the start of a stop string, waits."""
+
+    def __init__(self, tokenizer, stops):
+        self.tokenizer, self.stops, self.sent = tokenizer, stops, ""
+
+    def delta(self, token_ids, final_text=None):
+        if final_text is not None:
+            text = final_text
+        elif self.tokenizer is None:
+            return ""
+        else:
+            text = self.tokenizer.decode(token_ids, skip_special_tokens=True).rstrip("\ufffd")
+            hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - hold]
+        if not text.startswith(self.sent):  # decoding more tokens changed earlier text: wait for more
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+
+def sse(data):
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024) -> FastAPI:
+    """The app for {served name: NativeLLM}; api_key set: every /v1 route wants `Authorization: Bearer KEY`."""
+    server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions)
+    app = FastAPI(title="Byzantium", docs_url=None, redoc_url=None)
+    app.state.server = server
+    from .server_routes import add_routes
+    add_routes(app, server)
+    return app
+
+
+class ServerThread:
+    """uvicorn serving `app` in a background thread (port 0: a free port); the context gives its base URL."""
+
+    def __init__(self, app, host="127.0.0.1", port=0, log_level="warning"):
+        import uvicorn
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                                    timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, name="byzantium-server", daemon=True)
+        self.host = host
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, **engine_kwargs):
+    """`byzantium serve`: load each model (names as given; the first is the default) and serve them."""
+    import uvicorn
+    from .backends import LLMPool
+    pool = LLMPool("native", **engine_kwargs)
+    try:
+        llms = {name: pool.get(name) for name in models}
+        print(f"serving {', '.join(llms)} on http://{host}:{port}/v1", flush=True)
+        uvicorn.run(build_app(llms, api_key, max_waiting), host=host, port=port, log_level="info")
+    finally:
+        pool.close()
+
+
+__all__ = ["APIError", "ServerThread", "build_app", "serve"]
