@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import threading
 import time
-from typing import Any, Literal
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from .backends.params import SamplingParams
@@ -116,6 +114,12 @@ class Served:
         self.name, self.llm, self.engine = name, llm, llm.engine
         self.engine.engine.step_records.keep_records = KEEP_STEP_RECORDS
         self.created = int(time.time())
+        self.in_flight = 0  # engine requests this server admitted and that have not ended
+
+    @property
+    def waiting(self):
+        """Requests not in the running batch: admitted here but not yet running, or queued in the engine."""
+        return max(self.in_flight - self.engine.num_running, self.engine.num_waiting)
 
     @property
     def max_model_len(self):
@@ -142,8 +146,8 @@ class Server:
 
     def admit(self, served, count=1):
         """429 when the model's waiting queue is full (the engine stays bounded, the others keep going)."""
-        if served.engine.num_waiting + count > self.max_waiting:
-            raise APIError(429, f"the server is busy: {served.engine.num_waiting} requests are waiting for "
+        if served.waiting + count > self.max_waiting:
+            raise APIError(429, f"the server is busy: {served.waiting} requests are waiting for "
                                 f"`{served.name}` (limit {self.max_waiting}); retry later",
                            type="rate_limit_exceeded", code="rate_limit_exceeded")
 
@@ -211,17 +215,21 @@ class Server:
         """Non-streamed: every (prompt, choice) as one engine request; a client gone cancels them."""
         prompts = [ids for ids, params in zip(ids_list, param_lists) for _ in params]
         params = [p for params in param_lists for p in params]
-        task = asyncio.ensure_future(served.engine.generate(prompts, params, tag="serve"))
-        while not task.done():
-            await asyncio.wait([task], timeout=0.5)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()  # AsyncEngine aborts the requests and frees their blocks
+        self.admit(served, len(prompts))
+        served.in_flight += len(prompts)
         try:
+            task = asyncio.ensure_future(served.engine.generate(prompts, params, tag="serve"))
+            while not task.done():
+                await asyncio.wait([task], timeout=0.5)
+                if not task.done() and await request.is_disconnected():
+                    task.cancel()  # AsyncEngine aborts the requests and frees their blocks
             return task.result()
         except asyncio.CancelledError:
             raise APIError(499, "the client closed the connection", code="client_closed")
         except ValueError as error:
             raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else None)
+        finally:
+            served.in_flight -= len(prompts)
 
     def count(self, served, outs, prompt_lens, n):
         """usage: prompt tokens once per prompt; cached tokens as the first choice of each prompt found them."""
@@ -325,17 +333,51 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
-def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, **engine_kwargs):
-    """`byzantium serve`: load each model (names as given; the first is the default) and serve them."""
+def add_serve_args(ap):
+    ap.add_argument("--model", action="append", default=None,
+                    help="a model to serve, under this name (repeat for several; default smollm2-135m)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
+    ap.add_argument("--max-num-seqs", type=int, default=256, help="sequences one engine step may batch (default 256)")
+    ap.add_argument("--max-waiting", type=int, default=512,
+                    help="requests a model may have waiting for a place in the batch; more get 429 (default 512)")
+    ap.add_argument("--max-body-mb", type=float, default=8, help="largest request body in MiB; larger get 413 (default 8)")
+    ap.add_argument("--max-sessions", type=int, default=1024, help="open /v1/sessions at most (default 1024)")
+
+
+def cmd_serve(args):
+    """`byzantium serve`: check the flags and the model names, then load each model once and serve."""
+    from .backends import check_model
+    models = args.model or ["smollm2-135m"]
+    if len(set(models)) != len(models):
+        raise ValueError(f"--model names a model twice: {', '.join(models)}")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    for flag in ("max_num_seqs", "max_waiting", "max_sessions"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.max_body_mb <= 0:
+        raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
+    for name in models:
+        check_model(name)
+    engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
+          args.max_sessions, max_num_seqs=args.max_num_seqs, **engine)
+
+
+def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, max_body_bytes=8 << 20,
+          max_sessions=1024, **engine_kwargs):
+    """Load each model (served under the name given) and serve them until interrupted."""
     import uvicorn
     from .backends import LLMPool
-    pool = LLMPool("native", **engine_kwargs)
-    try:
+    with LLMPool("native", **engine_kwargs) as pool:
         llms = {name: pool.get(name) for name in models}
         print(f"serving {', '.join(llms)} on http://{host}:{port}/v1", flush=True)
-        uvicorn.run(build_app(llms, api_key, max_waiting), host=host, port=port, log_level="info")
-    finally:
-        pool.close()
+        uvicorn.run(build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions), host=host, port=port,
+                    log_level="info")
 
 
 __all__ = ["APIError", "ServerThread", "build_app", "serve"]

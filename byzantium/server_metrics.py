@@ -26,7 +26,7 @@ class _EngineCollector:
             engine, name = served.engine, served.name
             stats = engine.engine.step_records.totals
             gauges["running_sequences"].add_metric([name], engine.num_running)
-            gauges["waiting_sequences"].add_metric([name], engine.num_waiting)
+            gauges["waiting_sequences"].add_metric([name], served.waiting)
             gauges["kv_blocks_used"].add_metric([name], engine.engine.block_manager.num_used)
             gauges["kv_blocks_total"].add_metric([name], engine.engine.num_blocks)
             gauges["sessions_open"].add_metric([name], sum(s is served for s, _ in self.server.sessions.values()))

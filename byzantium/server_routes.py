@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .server import (APIError, ChatRequest, CompletionRequest, Server, SessionAppend, SessionContinue, SessionOpen,
@@ -118,10 +117,10 @@ def add_routes(app: FastAPI, server: Server):
             if body.echo and body.logprobs is not None:
                 raise APIError(400, "echo with logprobs is not supported", param="echo")
             params = [[server.params(body, body.max_tokens, body.logprobs, i) for i in range(body.n)] for _ in ids_list]
-            server.admit(served, len(ids_list) * body.n)
             tok = served.llm.tokenizer
             echo = [(tok.decode(ids) if tok is not None else "") if body.echo else "" for ids in ids_list]
             if body.stream:
+                server.admit(served, sum(len(p) for p in params))
                 return done.stream(stream_choices(served, request, body, ids_list, params, "text_completion", echo))
             outs = await server.generate(served, request, ids_list, params)
             choices = []
@@ -149,8 +148,8 @@ def add_routes(app: FastAPI, server: Server):
             if body.top_logprobs and not body.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
             params = [[server.params(body, max_tokens, top, i) for i in range(body.n)]]
-            server.admit(served, body.n)
             if body.stream:
+                server.admit(served, sum(len(p) for p in params))
                 return done.stream(stream_choices(served, request, body, [ids], params, "chat.completion.chunk"))
             outs = await server.generate(served, request, [ids], params)
             choices = []
@@ -210,6 +209,7 @@ def add_routes(app: FastAPI, server: Server):
         async def events():
             n = len(params[0])
             tasks = []
+            served.in_flight += len(ids_list) * n
             for i, (ids, ps) in enumerate(zip(ids_list, params)):
                 for j, p in enumerate(ps):
                     tasks.append(asyncio.create_task(run(i * n + j, ids, p)))
@@ -246,6 +246,7 @@ def add_routes(app: FastAPI, server: Server):
                         yield chunk([], usage)
                 yield "data: [DONE]\n\n"
             finally:
+                served.in_flight -= len(ids_list) * n
                 for task in tasks:
                     task.cancel()
 
@@ -296,10 +297,13 @@ def add_routes(app: FastAPI, server: Server):
         with server.metrics.request(served.name, "sessions"):
             params = server.params(body, body.max_tokens, body.logprobs)
             server.admit(served)
+            served.in_flight += 1
             try:
                 out = (await served.engine.continue_([session], params, tag="turn"))[0]
             except ValueError as error:
                 raise APIError(400, str(error), param="max_tokens")
+            finally:
+                served.in_flight -= 1
             choice = {"index": 0, "text": out.text, "finish_reason": _finish(out.finish_reason),
                       "token_ids": out.token_ids,
                       "logprobs": None if body.logprobs is None else completion_logprobs(
