@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import weakref
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -120,7 +121,6 @@ def add_routes(app: FastAPI, server: Server):
             tok = served.llm.tokenizer
             echo = [(tok.decode(ids) if tok is not None else "") if body.echo else "" for ids in ids_list]
             if body.stream:
-                server.admit(served, sum(len(p) for p in params))
                 return done.stream(stream_choices(served, request, body, ids_list, params, "text_completion", echo))
             outs = await server.generate(served, request, ids_list, params)
             choices = []
@@ -149,7 +149,6 @@ def add_routes(app: FastAPI, server: Server):
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
             params = [[server.params(body, max_tokens, top, i) for i in range(body.n)]]
             if body.stream:
-                server.admit(served, sum(len(p) for p in params))
                 return done.stream(stream_choices(served, request, body, [ids], params, "chat.completion.chunk"))
             outs = await server.generate(served, request, [ids], params)
             choices = []
@@ -172,6 +171,15 @@ def add_routes(app: FastAPI, server: Server):
         Closing the response early (a client gone) closes every choice's engine stream: aborted, freed."""
         chat = object_name == "chat.completion.chunk"
         rid, created = _new_id("chatcmpl" if chat else "cmpl"), int(time.time())
+        count = sum(len(p) for p in params)
+        server.admit(served, count)
+        served.in_flight += count  # reserved now, so that a burst of streams cannot all pass admit
+        released = False
+
+        def release():  # once: when the stream ends, or when a stream never started is dropped
+            nonlocal released
+            if not released:
+                released, served.in_flight = True, served.in_flight - count
         queue = asyncio.Queue()
         tok = served.llm.tokenizer
         top = params[0][0].logprobs
@@ -209,7 +217,6 @@ def add_routes(app: FastAPI, server: Server):
         async def events():
             n = len(params[0])
             tasks = []
-            served.in_flight += len(ids_list) * n
             for i, (ids, ps) in enumerate(zip(ids_list, params)):
                 for j, p in enumerate(ps):
                     tasks.append(asyncio.create_task(run(i * n + j, ids, p)))
@@ -246,11 +253,13 @@ def add_routes(app: FastAPI, server: Server):
                         yield chunk([], usage)
                 yield "data: [DONE]\n\n"
             finally:
-                served.in_flight -= len(ids_list) * n
+                release()
                 for task in tasks:
                     task.cancel()
 
-        return events()
+        stream = events()
+        weakref.finalize(stream, release)
+        return stream
 
     # -- sessions (ours): an agent's context kept in the KV cache between turns ---------------------------------
     def session_of(session_id):
