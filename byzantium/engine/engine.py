@@ -5,6 +5,7 @@ ended), output. The sync helpers (generate, chat, logits, score, continue_) and 
 written on it; postprocess is the one place a step's results reach the requests."""
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -75,6 +76,16 @@ def out_of_memory(error):
     Only these make a step retry smaller; other errors are not about its size."""
     return (isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError))
             or isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+CPU_KV_RAM_SHARE = 0.25  # the most of the machine's RAM one engine's KV pool may grow into on CPU
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume 16 GiB
+        return 16 * 2**30
 
 
 def _positive(name, value):
@@ -166,10 +177,27 @@ class Engine:
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = 0.8 * free
-        else:
-            budget = 4 * 2**30  # zero pages cost nothing until used
+        else:  # the pool's pages cost memory only once written (allocate_kv_cache); cap the worst case
+            budget = CPU_KV_RAM_SHARE * _physical_memory()
         enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)  # every sequence at full length
         return max(1, min(int(budget // per_block), enough))
+
+    @property
+    def memory(self):
+        """Bytes held: the weights, the KV pool (and how much of it is in use now), and on CUDA the peak
+        of everything else (activations, workspaces) since the engine started."""
+        seen, weights = set(), 0
+        packed = [m.packed for m in self.model.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)]
+        for t in [*self.model.parameters(), *self.model.buffers(), *packed]:
+            if t.device.type != "meta" and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                weights += t.numel() * t.element_size()
+        kv = self.kv_cache.numel() * self.kv_cache.element_size()
+        peak = None
+        if self.device.type == "cuda":
+            peak = max(0, torch.cuda.max_memory_allocated(self.device) - weights - kv)
+        return {"weights_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": self.num_blocks,
+                "kv_blocks_used": self.block_manager.num_used, "activations_peak_bytes": peak}
 
     def _eos_ids(self, model_dir):
         ids = set()

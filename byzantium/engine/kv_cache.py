@@ -6,6 +6,8 @@ its hash (and so its cached K/V) until it is handed out again; the free list is 
 are reused first, then hashed blocks in the order they were freed.
 """
 import hashlib
+import math
+import mmap
 from array import array
 from collections import OrderedDict
 
@@ -17,11 +19,17 @@ def block_hash(parent, token_ids):
 
 
 def allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
-    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; layer i uses cache[i, 0] / cache[i, 1].
+    """One zero-filled tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; layer i uses cache[i, 0] /
+    cache[i, 1].
 
-    Zero-filled: on CPU calloc'd pages cost nothing until written.
+    On CPU the memory is an anonymous mapping: the kernel hands out zero pages on first write, so a pool
+    costs resident memory only for the blocks used (torch.zeros would write, and so touch, every page).
     """
-    return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)  # the tensor keeps the mapping
 
 
 class BlockManager:

@@ -1,0 +1,46 @@
+"""Memory: the CPU KV pool costs resident memory only for the blocks written; Engine.memory reports it."""
+import torch
+
+from byzantium import Engine
+from byzantium.engine.kv_cache import allocate_kv_cache
+
+from conftest import random_prompts
+
+
+def resident_bytes():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096  # resident pages
+
+
+def test_the_cpu_pool_is_zero_and_untouched_at_start_up():
+    before = resident_bytes()
+    cache = allocate_kv_cache(4, 4096, 16, 8, 64, torch.float32, "cpu")  # 1 GiB
+    grew = resident_bytes() - before
+    assert cache.numel() * cache.element_size() == 2**30
+    assert grew < 64 * 2**20, f"allocating a 1 GiB pool made {grew / 2**20:.0f} MiB resident"
+    cache[1, 0, 7].fill_(3.0)  # writing one block maps a few pages only
+    assert resident_bytes() - before < 64 * 2**20
+    assert cache[1, 0, 7].eq(3.0).all() and cache[1, 0, 6].eq(0).all() and cache[3, 1, -1].eq(0).all()
+
+
+def test_an_engine_with_a_large_pool_stays_small_and_exact(tiny_llama):
+    model, path = tiny_llama
+    before = resident_bytes()
+    engine = Engine(path, num_blocks=100_000)  # 100k blocks of this model: about 0.8 GB of KV
+    grew = resident_bytes() - before
+    memory = engine.memory
+    assert memory["kv_cache_bytes"] > 700 * 2**20
+    assert grew < memory["kv_cache_bytes"] / 4, f"constructing the engine made {grew / 2**20:.0f} MiB resident"
+    assert memory["weights_bytes"] >= sum(p.numel() * 4 for p in model.parameters()) * 0.9
+    prompts = random_prompts([5, 17, 33])
+    out = engine.generate(prompts)
+    with torch.no_grad():
+        for prompt, o in zip(prompts, out):
+            ref = model.generate(torch.tensor([prompt]), max_new_tokens=len(o.token_ids), do_sample=False)
+            assert o.token_ids == ref[0, len(prompt):].tolist()
+    assert engine.memory["kv_blocks_used"] == 0
+
+
+def test_the_default_cpu_pool_is_what_the_run_needs(tiny_llama):
+    _, path = tiny_llama
+    engine = Engine(path, max_num_seqs=4, max_model_len=256)
+    assert engine.num_blocks == 4 * 256 // 16  # every sequence at full length, no more
