@@ -139,12 +139,14 @@ class Engine:
     def _load_model(self, config, model_dir):
         with torch.device("meta"):  # no random init of weights we overwrite anyway
             model = LlamaForCausalLM(config)
-        model = model.to_empty(device=self.device).to(self.dtype)
+        # Cast on meta first, so every weight is allocated once, at the target dtype (casting after
+        # to_empty would hold an fp32 copy: twice the bf16 weights at the peak).
+        model = model.to(self.dtype).to_empty(device=self.device)
         cos, sin = rope_tables(config, model.head_dim, model.max_positions)
         model.rope_cos, model.rope_sin = cos.to(self.device), sin.to(self.device)
         if model.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
-        model.load_weights(iter_safetensors(model_dir))
+        model.load_weights(iter_safetensors(model_dir, self.device))  # one tensor at a time, straight to the device
         self.linear_kernels = "torch"
         if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype == torch.float32:
             kernels = cpu_ext.load() if self.cpu_kernels else None  # load() logs why it is None

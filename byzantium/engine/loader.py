@@ -183,14 +183,15 @@ def load_tokenizer(model_dir: str | os.PathLike):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def iter_safetensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, "torch.Tensor"]]:
-    """(name, tensor) for every weight in every *.safetensors file of the directory."""
+def iter_safetensors(model_dir: str | os.PathLike, device="cpu") -> Iterator[tuple[str, "torch.Tensor"]]:
+    """(name, tensor) for every weight in every *.safetensors file of the directory, read one tensor at a
+    time onto `device` (a shard is never held whole in memory)."""
     from safetensors import safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with safe_open(file, framework="pt", device=str(device)) as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
