@@ -8,6 +8,7 @@
                                         Challenger/Inspector ("On the Resilience of LLM-Based Multi-Agent ...")
     byzantium profile run <method> ...  a run with the engine profiling: profile.json, trace.json and
                                         profile.png in its out dir, a table per tag and phase
+    byzantium serve --model M ...       an OpenAI-compatible server on the engine (see server.py)
 
     byzantium run rrmaj --agents 5 --corrupt 3 --chunk 32 --trajectories 5 --max-len 128 \
         --attack strong --task gen-track --limit 20 --out runs/rrmaj
@@ -25,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .backends import check_model
+from .backends import add_backend_args, check_models, pool_kwargs
 
 DEMO_QUESTIONS = 20  # `byzantium demo`: questions per configuration (about 2-3 minutes on 2 CPU cores)
 
@@ -104,7 +105,7 @@ def run_args(ap, method):
                          "starting at agent m mod N, or 0..N-1 (corrupted agents first) for all")
     ap.add_argument("--model", default=None, help="every agent's model (default smollm2-135m)")
     ap.add_argument("--models", default=None, help="one model per agent, comma-separated")
-    ap.add_argument("--backend", choices=("native", "hf"), default="native")
+    add_backend_args(ap)
     task_args(ap, 100)
     from .protocols.rr_prompts import TEMPERATURE
     ap.add_argument("--temperature", type=float, default=TEMPERATURE,
@@ -136,7 +137,7 @@ def sac_args(ap, protocol):
     ap.add_argument("--strong-model", default=None, help="the strong agents' model (default smollm2-135m)")
     ap.add_argument("--weak-model", default=None, help="the weak agents' model (default: the strong model)")
     ap.add_argument("--adversary-model", default=None, help="a decoy's model (default: the strong model)")
-    ap.add_argument("--backend", choices=("native", "hf"), default="native")
+    add_backend_args(ap)
     task_args(ap, 100)
     ap.add_argument("--score-mode", choices=("generate", "logprob"), default="generate",
                     help="SAC scoring: the judge writes `Score: x` (generate, default) or one forward pass "
@@ -209,8 +210,7 @@ def prepare_run(args):
                  args.temperature, args.order, [name or DEFAULT_MODEL for name in models],
                  allow_identical=args.allow_identical)
     tasks = load_questions(args)
-    for name in dict.fromkeys(models):
-        check_model(name)
+    check_models(args, models)
     return models, tasks, (m if args.method == "rrmaj" else None)
 
 
@@ -226,7 +226,8 @@ def already_done(out, tasks, print_table):
 
 
 def engine_kwargs(args):
-    return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    """The pool's kwargs: --device/--dtype, or the server's (--backend openai: --base-url, the key)."""
+    return pool_kwargs(args)
 
 
 def run_pool(args, **engine):
@@ -284,8 +285,7 @@ def prepare_sac(args):
     models = {"strong": strong, "weak": weak if args.weak else None,
               "adversary": adversary if args.byzantine and args.adversary == "decoy" else None}
     tasks = load_questions(args)
-    for name in dict.fromkeys(m for m in models.values() if m is not None):
-        check_model(name)
+    check_models(args, [m for m in models.values() if m is not None])
     return params, models, tasks, edges
 
 
@@ -355,6 +355,11 @@ def parser():
                                              "profile.json, trace.json, profile.png in its out dir")
     profiled = profile.add_subparsers(dest="profiled", required=True, metavar="run")
     add_run_methods(profiled.add_parser("run", help="the same flags as `byzantium run`"), profiling=True)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (/v1/completions, "
+                                         "/v1/chat/completions, /v1/sessions, /metrics)")
+    from .server import add_serve_args, cmd_serve
+    add_serve_args(serve)
+    serve.set_defaults(func=cmd_serve)
     return ap
 
 

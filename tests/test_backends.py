@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from byzantium import SamplingParams
-from byzantium.backends import BACKENDS, LLMPool, load_llm
+from byzantium.backends import LOCAL_BACKENDS, LLMPool, load_llm
 from byzantium.engine.loader import ModelNotFoundError
 from conftest import random_prompts
 
@@ -18,12 +18,12 @@ def run(coro):
 @pytest.fixture(scope="module")
 def tiny(tiny_llama):
     _, path = tiny_llama
-    return {b: load_llm(path, backend=b, **({"num_blocks": 128} if b == "native" else {})) for b in BACKENDS}
+    return {b: load_llm(path, backend=b, **({"num_blocks": 128} if b == "native" else {})) for b in LOCAL_BACKENDS}
 
 
 @pytest.fixture(scope="module")
 def smol(smollm2_dir):
-    return {b: load_llm(smollm2_dir, backend=b, **({"num_blocks": 256} if b == "native" else {})) for b in BACKENDS}
+    return {b: load_llm(smollm2_dir, backend=b, **({"num_blocks": 256} if b == "native" else {})) for b in LOCAL_BACKENDS}
 
 
 async def session_turns(llm, prompt, other, k):
@@ -49,7 +49,7 @@ def test_tiny_generate_and_score_agree(tiny):
         scores = [await llm.score(p, [5, 17, 200]) for p in prompts]
         return greedy, sampled, scores
 
-    (g_nat, s_nat, sc_nat), (g_hf, s_hf, sc_hf) = (run(main(tiny[b])) for b in BACKENDS)
+    (g_nat, s_nat, sc_nat), (g_hf, s_hf, sc_hf) = (run(main(tiny[b])) for b in LOCAL_BACKENDS)
     assert [c.token_ids for c in g_nat] == [c.token_ids for c in g_hf]
     assert all(len(c.token_ids) == 10 and c.finish_reason == "length" for c in g_hf)
     assert [c.prompt_tokens for c in g_hf] == [7, 20, 33]
@@ -63,7 +63,7 @@ def test_tiny_generate_and_score_agree(tiny):
 
 def test_tiny_sessions_match_fresh_generation(tiny):
     prompt, other = random_prompts([19, 6], seed=42)
-    results = {b: run(session_turns(tiny[b], prompt, other, 5)) for b in BACKENDS}
+    results = {b: run(session_turns(tiny[b], prompt, other, 5)) for b in LOCAL_BACKENDS}
     for first, second, fresh in results.values():
         assert len(first.token_ids) == len(second.token_ids) == 5
         assert second.token_ids == fresh.token_ids
@@ -188,7 +188,7 @@ def test_smollm2_score_agrees(smol):
     async def main(llm):
         return await llm.score(messages, ["Yes", "No"]), await llm.score("Rate from 0 to 9: ", digits)
 
-    (yes_nat, dig_nat), (yes_hf, dig_hf) = (run(main(smol[b])) for b in BACKENDS)
+    (yes_nat, dig_nat), (yes_hf, dig_hf) = (run(main(smol[b])) for b in LOCAL_BACKENDS)
     for a, b in ((yes_nat, yes_hf), (dig_nat, dig_hf)):
         assert a.keys() == b.keys()
         assert all(abs(a[k] - b[k]) < 1e-4 and a[k] < 0 for k in a)
@@ -201,7 +201,7 @@ def test_smollm2_score_agrees(smol):
 def test_smollm2_sessions_match_fresh_generation(smol):
     messages = [{"role": "user", "content": "Write one sentence about the sea."}]
     other = " The sea is wide and deep, said another agent."
-    results = {b: run(session_turns(smol[b], messages, other, 4)) for b in BACKENDS}
+    results = {b: run(session_turns(smol[b], messages, other, 4)) for b in LOCAL_BACKENDS}
     for first, second, fresh in results.values():
         assert second.token_ids == fresh.token_ids and len(second.token_ids) == 4
     assert [c.token_ids for c in results["native"]] == [c.token_ids for c in results["hf"]]

@@ -5,13 +5,18 @@
     ...
     pool.close()
 
+    pool = LLMPool("openai", base_url="http://127.0.0.1:8000")   # models a server serves, by its names
+
 Each distinct model is loaded once per pool and shared by every agent that names it.
 """
+import os
+
 from ..engine.loader import DEFAULT_MODEL, resolve_model
 from .base import LLM, Completion
 from .params import SamplingParams
 
-BACKENDS = ("native", "hf")
+BACKENDS = ("native", "hf", "openai")
+LOCAL_BACKENDS = ("native", "hf")  # the ones that load the model here (openai: a server has it)
 
 
 def _check_backend(backend):
@@ -20,6 +25,9 @@ def _check_backend(backend):
 
 
 def _build(backend, model_dir, name, kwargs):
+    if backend == "openai":  # model_dir: the name the server serves
+        from .openai import OpenAILLM
+        return OpenAILLM(model_dir, **kwargs)
     if backend == "native":
         from .native import NativeLLM
         return NativeLLM(model_dir, name, **kwargs)
@@ -28,10 +36,34 @@ def _build(backend, model_dir, name, kwargs):
 
 
 def load_llm(model=None, backend="native", **kwargs) -> LLM:
-    """One model on one backend. kwargs: AsyncEngine's (native) or device/dtype/max_model_len (hf)."""
+    """One model on one backend. kwargs: AsyncEngine's (native), device/dtype/max_model_len (hf), or
+    OpenAILLM's (openai: base_url, api_key, tokenizer, ...; the model is any name the server serves)."""
     _check_backend(backend)
+    if backend == "openai":
+        return _build(backend, str(model or DEFAULT_MODEL), None, kwargs)
     model_dir = resolve_model(model)  # an unknown name fails here, before anything heavy loads
     return _build(backend, model_dir, str(model or DEFAULT_MODEL), kwargs)
+
+
+def check_openai_models(base_url, api_key=None, names=(None,)):
+    """Fail (ValueError) unless the server at base_url answers GET /v1/models and serves every name
+    (None: the default model). Called before a run starts."""
+    import openai
+    from .openai import api_base
+    client = openai.OpenAI(base_url=api_base(base_url), api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                           max_retries=1, timeout=30)
+    try:
+        served = [m.id for m in client.models.list()]
+    except openai.APIConnectionError as error:
+        raise ValueError(f"cannot reach the OpenAI-compatible server at {base_url} ({error})") from None
+    except openai.APIStatusError as error:
+        raise ValueError(f"the server at {base_url} answered {error.status_code} to GET /v1/models: "
+                         f"{error.message}") from None
+    finally:
+        client.close()
+    for name in dict.fromkeys(str(n or DEFAULT_MODEL) for n in names):
+        if name not in served:
+            raise ValueError(f"model {name!r} is not served at {base_url}; it serves: {', '.join(served) or 'nothing'}")
 
 
 def check_model(name):
@@ -64,11 +96,15 @@ class LLMPool:
         self._llms = {}  # resolved model directory -> LLM
 
     def check(self, model=None):
-        """Fail on an unknown model name without loading anything; returns its directory."""
-        return resolve_model(model)
+        """Fail on an unknown model name without loading anything; returns its directory (openai: the
+        name, which the server checks)."""
+        return self._key(model)
+
+    def _key(self, model):
+        return str(model or DEFAULT_MODEL) if self.backend == "openai" else resolve_model(model)
 
     def get(self, model=None) -> LLM:
-        model_dir = resolve_model(model)
+        model_dir = self._key(model)
         if model_dir not in self._llms:
             self._llms[model_dir] = _build(self.backend, model_dir, str(model or DEFAULT_MODEL), self.kwargs)
         return self._llms[model_dir]
@@ -89,4 +125,42 @@ class LLMPool:
         self.close()
 
 
-__all__ = ["BACKENDS", "LLM", "Completion", "LLMPool", "SamplingParams", "check_model", "load_llm"]
+# -- a run's flags (the CLI's `run` methods, `run resilience`) ---------------------------------------------
+
+def add_backend_args(ap):
+    ap.add_argument("--backend", choices=BACKENDS, default="native",
+                    help="native (this engine; default), hf (plain transformers) or openai (an OpenAI-compatible "
+                         "server at --base-url; --device and --dtype are then ignored)")
+    ap.add_argument("--base-url", default=None, metavar="URL",
+                    help="--backend openai: the server, e.g. http://127.0.0.1:8000 (a URL without a path: its /v1)")
+    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
+                    help="--backend openai: the environment variable holding the API key (default OPENAI_API_KEY)")
+
+
+def pool_kwargs(args) -> dict:
+    """LLMPool's kwargs from a run's flags: the engine's (native, hf) or the server's (openai)."""
+    if args.backend != "openai":
+        if getattr(args, "base_url", None) is not None:
+            raise ValueError("--base-url is for --backend openai")
+        return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    if not getattr(args, "base_url", None):
+        raise ValueError("--backend openai needs --base-url URL (the server, e.g. http://127.0.0.1:8000)")
+    name = args.api_key_env or "OPENAI_API_KEY"
+    if name != "OPENAI_API_KEY" and name not in os.environ:  # named on purpose: not silently keyless
+        raise ValueError(f"--api-key-env {name}: no such environment variable is set")
+    return {"base_url": args.base_url, "api_key": os.environ.get(name)}
+
+
+def check_models(args, names):
+    """Fail on a model the run cannot get, before anything loads: resolved here (native, hf) or in the
+    server's model list (openai)."""
+    kwargs = pool_kwargs(args)
+    if args.backend == "openai":
+        check_openai_models(kwargs["base_url"], kwargs["api_key"], names)
+        return
+    for name in dict.fromkeys(names):
+        check_model(name)
+
+
+__all__ = ["BACKENDS", "LOCAL_BACKENDS", "LLM", "Completion", "LLMPool", "SamplingParams", "add_backend_args",
+           "check_model", "check_models", "check_openai_models", "load_llm", "pool_kwargs"]

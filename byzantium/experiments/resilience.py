@@ -27,7 +27,8 @@ import json
 import time
 from pathlib import Path
 
-from ..backends import DEFAULT_MODEL, SamplingParams, check_model
+from ..backends import (BACKENDS, DEFAULT_MODEL, SamplingParams, add_backend_args, check_model, check_models,
+                        pool_kwargs)
 from ..protocols.resilience import (DEFENSES, FAULTS, STRUCTURES, SYSTEMS, build_system, make_defense, make_fault,
                                    run_system)
 from ..protocols.resilience.autoinject import ERROR_TYPES
@@ -454,7 +455,7 @@ def add_resilience_args(ap):
                     help="run clean, faulty (--fault) and defended (--fault with --defense) together and print "
                          "the drop and the share a defence recovers")
     ap.add_argument("--model", default=None, help="every agent's model (default smollm2-135m)")
-    ap.add_argument("--backend", choices=("native", "hf"), default="native")
+    add_backend_args(ap)
     ap.add_argument("--limit", type=int, default=None, help="number of problems (built-in tasks: default 100)")
     ap.add_argument("--seed", type=int, default=0,
                     help="problem selection and generation, agents' and AutoInject's sampling seeds (default 0)")
@@ -489,7 +490,7 @@ def prepare_resilience(args):
     _choose("fault", args.fault, FAULTS)
     _choose("defense", args.defense, DEFENSES)
     _choose("error-type", args.error_type, ERROR_TYPES)
-    _choose("backend", args.backend, ("native", "hf"))
+    _choose("backend", args.backend, BACKENDS)
     for flag in ("pm", "pe"):
         value = getattr(args, flag)
         if not 0.0 <= value <= 1.0:
@@ -518,7 +519,7 @@ def prepare_resilience(args):
     if not tasks:
         raise ValueError("no problems to run")
 
-    check_model(args.model)
+    check_models(args, [args.model])  # local resolution, or the server's model list (--backend openai)
 
     if args.sweep:
         conditions = [("none", "none"), (args.fault, "none")] + \
@@ -569,8 +570,8 @@ def cmd_resilience(args):
         return
 
     from ..backends import LLMPool
-    engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
-    with getattr(args, "pool", LLMPool)(args.backend, **engine) as pool:  # `byzantium profile` hands in its own
+    # `byzantium profile` hands in its own pool
+    with getattr(args, "pool", LLMPool)(args.backend, **pool_kwargs(args)) as pool:
         llm = pool.get(args.model)
         common = dict(concurrency=args.concurrency, config=config, progress=not args.no_progress, **kwargs)
         if many:
