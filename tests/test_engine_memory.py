@@ -44,3 +44,39 @@ def test_the_default_cpu_pool_is_what_the_run_needs(tiny_llama):
     _, path = tiny_llama
     engine = Engine(path, max_num_seqs=4, max_model_len=256)
     assert engine.num_blocks == 4 * 256 // 16  # every sequence at full length, no more
+
+
+def test_kv_blocks_fit_the_share_and_what_is_free():
+    from byzantium.engine.engine import PLANNING_MARGIN, kv_blocks
+    gib = 2**30
+    # alone on an 80 GiB device: 0.9 * 80 - 16 (weights) - 4 (activations) = 52 GiB of KV
+    assert kv_blocks(80 * gib, 0.9, 16 * gib, 4 * gib, 60 * gib, gib) == 52
+    # a second engine: its share would allow more than is free now, so what is free decides
+    assert kv_blocks(80 * gib, 0.5, 3 * gib, 1 * gib, 10 * gib, gib) == int((9 * gib - PLANNING_MARGIN) // gib)
+    assert kv_blocks(80 * gib, 0.1, 16 * gib, 0, 60 * gib, gib) < 0  # does not fit at all
+
+
+def test_memory_fraction_bounds_weights_and_kv(tiny_llama):
+    from byzantium.engine.engine import _physical_memory
+    model, path = tiny_llama
+    ram = _physical_memory()
+    small = Engine(path, memory_fraction=0.0005, max_model_len=512, max_num_seqs=10_000)
+    large = Engine(path, memory_fraction=0.001, max_model_len=512, max_num_seqs=10_000)
+    for engine, fraction in ((small, 0.0005), (large, 0.001)):
+        m = engine.memory
+        assert m["weights_bytes"] + m["kv_cache_bytes"] <= fraction * ram
+        assert m["weights_bytes"] + m["kv_cache_bytes"] > 0.9 * fraction * ram  # the share is used, not wasted
+        assert engine.stats["steps"] == 0  # the warm-up leaves no trace
+    assert large.num_blocks > 1.9 * small.num_blocks
+    prompts = random_prompts([9, 30])
+    out = small.generate(prompts)
+    with torch.no_grad():
+        for prompt, o in zip(prompts, out):
+            ref = model.generate(torch.tensor([prompt]), max_new_tokens=len(o.token_ids), do_sample=False)
+            assert o.token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_a_model_that_cannot_fit_is_refused(tiny_llama):
+    import pytest
+    with pytest.raises(ValueError, match="does not fit in memory_fraction"):
+        Engine(tiny_llama[1], memory_fraction=1e-9)

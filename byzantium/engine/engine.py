@@ -79,6 +79,16 @@ def out_of_memory(error):
 
 
 CPU_KV_RAM_SHARE = 0.25  # the most of the machine's RAM one engine's KV pool may grow into on CPU
+DEFAULT_MEMORY_FRACTION = 0.9  # an engine alone on a GPU plans weights + activations + KV in 90 % of it
+PLANNING_MARGIN = 256 * 2**20  # left free on the device beyond the plan (allocator slack, other libraries)
+
+
+def kv_blocks(total, fraction, weights, activations, free, block_bytes):
+    """KV blocks that fit both this engine's share (fraction * total, less its weights and activations)
+    and what is free on the device now (less the activations still to come and a margin)."""
+    share = fraction * total - weights - activations
+    available = free - activations - PLANNING_MARGIN
+    return int(min(share, available) // block_bytes)
 
 
 def _physical_memory():
@@ -96,9 +106,11 @@ def _positive(name, value):
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
                  max_batch_tokens=None, attention_backend="auto", max_model_len=None, kv_cache_gib=None,
-                 cpu_packed_linears=True, cpu_kernels=True, profile=False):
+                 cpu_packed_linears=True, cpu_kernels=True, profile=False, memory_fraction=None):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len"):
             _positive(name, locals()[name])
+        if memory_fraction is not None and not 0 < memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         model_dir = resolve_model(model)  # bad names fail here, before anything heavy
@@ -121,19 +133,78 @@ class Engine:
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens or max(8192 if self.device.type == "cuda" else 2048, max_num_seqs)
-        self.num_blocks = num_blocks or self._default_num_blocks(kv_cache_gib)
-        self.kv_cache = allocate_kv_cache(config.num_hidden_layers, self.num_blocks, block_size,
-                                          self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
-        self.block_manager = BlockManager(self.num_blocks, block_size)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.max_batch_tokens)
         if attention_backend == "auto" and not cpu_kernels and self.device.type == "cpu":
             attention_backend = "torch"
-        self.runner = ModelRunner(self.model, self.kv_cache, block_size, self.device, attention_backend)
+        self.attention_backend = attention_backend
         self.eos_token_ids = self._eos_ids(model_dir)
         # Profiling: a step with prefill and decode rows runs them as two timed forward passes (same outputs).
         self.profile = profile
         self._stats = EngineStats()
         self._ids = itertools.count()
+        self.activations_bytes = None  # measured by the warm-up of memory planning (CUDA)
+        if num_blocks is None and kv_cache_gib is None and (self.device.type == "cuda" or memory_fraction):
+            num_blocks = self._plan_num_blocks(memory_fraction or DEFAULT_MEMORY_FRACTION)
+        self._build_cache(num_blocks or self._default_num_blocks(kv_cache_gib))
+
+    def _build_cache(self, num_blocks):
+        """The KV pool and everything that holds it: block manager, scheduler, runner."""
+        self.num_blocks = num_blocks
+        self.kv_cache = None  # the old pool (planning's warm-up) goes before the new one is allocated
+        self.kv_cache = allocate_kv_cache(self.config.num_hidden_layers, num_blocks, self.block_size,
+                                          self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
+        self.block_manager = BlockManager(num_blocks, self.block_size)
+        self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.attention_backend)
+
+    def _plan_num_blocks(self, fraction):
+        """KV blocks from what is left of this engine's share of the device (`fraction` of its memory:
+        weights, activations and KV together) once the weights are loaded and a warm-up forward at the
+        largest step the scheduler forms (max_batch_tokens of prefill) has measured the activations, as
+        serving engines plan it. On CPU the share is of RAM and activations are not measured."""
+        per_block = self._block_bytes()
+        warm_blocks = -(-self.max_batch_tokens // self.block_size) + self.max_num_seqs
+        self._build_cache(warm_blocks)
+        activations = self._warm_up()
+        self.activations_bytes = activations
+        weights = self.memory["weights_bytes"]
+        if self.device.type == "cuda":
+            self.kv_cache = None
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)
+        else:
+            total = free = _physical_memory()
+        blocks = kv_blocks(total, fraction, weights, activations or 0, free, per_block)
+        enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)
+        if blocks < 1:
+            raise ValueError(f"{self.model_dir} does not fit in memory_fraction={fraction} of the {self.device} "
+                             f"({total / 2**30:.1f} GiB): weights {weights / 2**30:.2f} GiB, activations "
+                             f"{(activations or 0) / 2**30:.2f} GiB leave nothing for the KV cache; raise "
+                             f"memory_fraction or lower max_batch_tokens")
+        return min(blocks, enough)
+
+    def _warm_up(self):
+        """Run the largest prefill step (dummy tokens, logits only); the bytes it allocated beyond what was
+        held before (CUDA; None elsewhere). Leaves no trace in the stats."""
+        per = max(1, min(self.max_model_len - 1, self.max_batch_tokens))
+        prompts, left = [], self.max_batch_tokens
+        while left > 0 and len(prompts) < self.max_num_seqs:
+            prompts.append([0] * min(per, left))
+            left -= len(prompts[-1])
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.logits(prompts, tag="warm-up")
+        self.reset_stats()
+        if not cuda:
+            return None
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - before
+
+    def _block_bytes(self):
+        return (2 * self.config.num_hidden_layers * self.block_size * self.model.num_kv_heads * self.model.head_dim
+                * self.dtype.itemsize)
 
     # -- construction helpers -----------------------------------------------------------------------
     def _load_model(self, config, model_dir):
@@ -171,14 +242,9 @@ class Engine:
                 "max_model_len": self.max_model_len, "profile": self.profile}
 
     def _default_num_blocks(self, kv_cache_gib):
-        c = self.config
-        per_block = (2 * c.num_hidden_layers * self.block_size * self.model.num_kv_heads * self.model.head_dim
-                     * self.dtype.itemsize)
+        per_block = self._block_bytes()
         if kv_cache_gib is not None:
             budget = kv_cache_gib * 2**30
-        elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = 0.8 * free
         else:  # the pool's pages cost memory only once written (allocate_kv_cache); cap the worst case
             budget = CPU_KV_RAM_SHARE * _physical_memory()
         enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)  # every sequence at full length
