@@ -14,7 +14,7 @@ import torch
 from .chat import plain_text_ids, render_chat
 from .kv_cache import BlockManager, allocate_kv_cache
 from .loader import iter_safetensors, load_tokenizer, resolve_model
-from .models.llama import LlamaForCausalLM, architecture_of, rope_tables
+from .models import model_class
 from ..kernels import backend_name, cpu_ext, warn_once
 from .models.packed import pack_linears, packing_available
 from .runner import ModelRunner
@@ -116,7 +116,7 @@ class Engine:
         model_dir = resolve_model(model)  # bad names fail here, before anything heavy
         from transformers import AutoConfig
         config = AutoConfig.from_pretrained(model_dir)
-        architecture_of(config)  # unsupported models fail before the weights are read
+        self.model_class = model_class(config)  # unsupported models fail before the weights are read
         self.config, self.model_dir = config, model_dir
         self.tokenizer = load_tokenizer(model_dir)
         self.cpu_packed_linears = cpu_packed_linears  # fp32 on CPU: repacked weights (models/packed.py)
@@ -209,14 +209,11 @@ class Engine:
     # -- construction helpers -----------------------------------------------------------------------
     def _load_model(self, config, model_dir):
         with torch.device("meta"):  # no random init of weights we overwrite anyway
-            model = LlamaForCausalLM(config)
+            model = self.model_class(config)
         # Cast on meta first, so every weight is allocated once, at the target dtype (casting after
         # to_empty would hold an fp32 copy: twice the bf16 weights at the peak).
         model = model.to(self.dtype).to_empty(device=self.device)
-        cos, sin = rope_tables(config, model.head_dim, model.max_positions)
-        model.rope_cos, model.rope_sin = cos.to(self.device), sin.to(self.device)
-        if model.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
+        model.init_buffers(self.device)  # what to_empty left uninitialised: rope tables, tied weights
         model.load_weights(iter_safetensors(model_dir, self.device))  # one tensor at a time, straight to the device
         self.linear_kernels = "torch"
         if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype == torch.float32:

@@ -165,6 +165,12 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def init_buffers(self, device):
+        """After to_empty: the rope tables (fp32, computed) and the tied lm_head."""
+        self.rope_cos, self.rope_sin = (t.to(device) for t in rope_tables(self.config, self.head_dim, self.max_positions))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
     def forward(self, input_ids, positions, meta, kv_cache):
         """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""
         x = self.model.embed_tokens(input_ids)
