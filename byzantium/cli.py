@@ -250,6 +250,7 @@ def cmd_run(args):
         return
     kwargs = engine_kwargs(args)
     with run_pool(args, **kwargs) as pool:
+        pool.plan(models)  # several models on one GPU: each gets its share (LLMPool.plan)
         llms = [pool.get(name) for name in models]
         run_rr_experiment(args.method, tasks, llms, args.corrupt, args.chunk, m, args.max_len, args.attack,
                           args.temperature, args.seed, out, concurrency=args.concurrency, config=config,
@@ -304,6 +305,7 @@ def cmd_run_sac(args):
     if already_done(out, tasks, print_table):
         return
     with run_pool(args, **engine_kwargs(args)) as pool:
+        pool.plan([m for m in models.values() if m is not None])
         strong = pool.get(models["strong"])
         weak = pool.get(models["weak"]) if models["weak"] is not None else None
         adversary = pool.get(models["adversary"]) if models["adversary"] is not None else None

@@ -47,7 +47,7 @@ def test_the_default_cpu_pool_is_what_the_run_needs(tiny_llama):
 
 
 def test_kv_blocks_fit_the_share_and_what_is_free():
-    from byzantium.engine.engine import PLANNING_MARGIN, kv_blocks
+    from byzantium.engine.memory import PLANNING_MARGIN, kv_blocks
     gib = 2**30
     # alone on an 80 GiB device: 0.9 * 80 - 16 (weights) - 4 (activations) = 52 GiB of KV
     assert kv_blocks(80 * gib, 0.9, 16 * gib, 4 * gib, 60 * gib, gib) == 52
@@ -57,9 +57,9 @@ def test_kv_blocks_fit_the_share_and_what_is_free():
 
 
 def test_memory_fraction_bounds_weights_and_kv(tiny_llama):
-    from byzantium.engine.engine import _physical_memory
+    from byzantium.engine.memory import physical_memory
     model, path = tiny_llama
-    ram = _physical_memory()
+    ram = physical_memory()
     small = Engine(path, memory_fraction=0.0005, max_model_len=512, max_num_seqs=10_000)
     large = Engine(path, memory_fraction=0.001, max_model_len=512, max_num_seqs=10_000)
     for engine, fraction in ((small, 0.0005), (large, 0.001)):
@@ -80,3 +80,26 @@ def test_a_model_that_cannot_fit_is_refused(tiny_llama):
     import pytest
     with pytest.raises(ValueError, match="does not fit in memory_fraction"):
         Engine(tiny_llama[1], memory_fraction=1e-9)
+
+
+def test_two_engines_in_one_pool_respect_their_budgets(tiny_models):
+    from byzantium.backends import LLMPool
+    from byzantium.engine.memory import physical_memory
+    ram, fraction = physical_memory(), 0.002
+    llama, qwen3 = tiny_models["llama"][1], tiny_models["qwen3"][1]  # qwen3: twice the KV bytes per token
+    with LLMPool("native", memory_fraction=fraction, max_num_seqs=100_000) as pool:
+        shares = pool.plan([llama, qwen3])
+        assert abs(sum(shares.values()) - fraction) < 1e-9
+        engines = [pool.get(llama).engine.engine, pool.get(qwen3).engine.engine]
+        used = [e.memory["weights_bytes"] + e.memory["kv_cache_bytes"] for e in engines]
+        for engine, share, bytes_ in zip(engines, shares.values(), used):
+            assert bytes_ <= share * ram
+        assert sum(used) <= fraction * ram and sum(used) > 0.9 * fraction * ram
+        tokens = [e.num_blocks * e.block_size for e in engines]
+        assert abs(tokens[0] - tokens[1]) <= 0.02 * max(tokens) + 64  # the same tokens each
+        try:
+            pool.get(tiny_models["qwen2"][1])
+        except ValueError as error:
+            assert "not in this pool's memory plan" in str(error)
+        else:
+            raise AssertionError("a model outside the plan was loaded")

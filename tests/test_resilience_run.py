@@ -338,6 +338,9 @@ def scripted_pool(monkeypatch, tasks):
         def __init__(self, backend, **kwargs):
             assert backend == "native" and kwargs == {}
 
+        def plan(self, models, shares=None):
+            return {}
+
         def get(self, name=None):
             assert name is None
             return Scripted(tasks)

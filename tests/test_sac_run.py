@@ -250,6 +250,9 @@ def test_cli_runs_resumes_and_refuses_another_config(monkeypatch, tmp_path, caps
         def __init__(self, backend, **kwargs):
             self.names = []
 
+        def plan(self, models, shares=None):
+            return {}
+
         def get(self, name=None):
             self.names.append(name)
             return ScriptedLLM()
@@ -279,6 +282,9 @@ class ScriptedPool:
 
     def __init__(self, backend, **kwargs):
         pass
+
+    def plan(self, models, shares=None):
+        return {}
 
     def get(self, name=None):
         return ScriptedLLM()
@@ -364,6 +370,9 @@ def shared_pool(smollm2, smollm2_dir, monkeypatch):
     class Pool:
         def __init__(self, backend, **kwargs):
             assert backend == "native" and kwargs == {"device": "cpu"}
+
+        def plan(self, models, shares=None):
+            return {}
 
         def get(self, name=None):
             assert resolve_model(name) == resolve_model(smollm2_dir)

@@ -88,12 +88,46 @@ def check_model(name):
 
 
 class LLMPool:
-    """Loads each distinct model once (names resolving to the same directory share it)."""
+    """Loads each distinct model once (names resolving to the same directory share it).
 
-    def __init__(self, backend="native", **kwargs):
+    Several native models on one GPU: `plan(models)` before loading them splits the device between them
+    (`memory_fraction` of it in all, default 0.9: each model's weights, then KV for the same number of
+    tokens each; or `shares`, {model: fraction of the device}); each engine then plans its KV cache in
+    its share (Engine(memory_fraction=...))."""
+
+    def __init__(self, backend="native", memory_fraction=None, **kwargs):
         _check_backend(backend)
-        self.backend, self.kwargs = backend, kwargs
+        if memory_fraction is not None and not 0 < memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+        self.backend, self.kwargs, self.memory_fraction = backend, kwargs, memory_fraction
         self._llms = {}  # resolved model directory -> LLM
+        self.shares = {}  # resolved model directory -> its engine's memory_fraction (after plan)
+
+    def plan(self, models, shares=None):
+        """Split the device between the native models this pool will hold (before any of them loads).
+        On CPU only with a memory_fraction or shares (the KV pool's pages cost nothing until written)."""
+        if self.backend != "native" or any(k in self.kwargs for k in ("num_blocks", "kv_cache_gib", "memory_fraction")):
+            return self.shares
+        from ..engine.engine import resolve_device, resolve_dtype
+        from ..engine.memory import (DEFAULT_MEMORY_FRACTION, checkpoint_params, kv_bytes_per_token,
+                                     physical_memory, split_memory)
+        device = resolve_device(self.kwargs.get("device"))
+        if shares is not None:
+            self.shares = {resolve_model(m): float(f) for m, f in shares.items()}
+            if not all(0 < f <= 1 for f in self.shares.values()) or sum(self.shares.values()) > 1:
+                raise ValueError(f"memory shares must each be in (0, 1] and sum to at most 1, got {shares}")
+            return self.shares
+        if device.type != "cuda" and self.memory_fraction is None:
+            return self.shares
+        import torch
+        from transformers import AutoConfig
+        itemsize = resolve_dtype(self.kwargs.get("dtype"), device).itemsize
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else physical_memory()
+        dirs = list(dict.fromkeys(resolve_model(m) for m in models))
+        info = {d: (checkpoint_params(d) * itemsize, kv_bytes_per_token(AutoConfig.from_pretrained(d), itemsize))
+                for d in dirs}
+        self.shares = split_memory(info, self.memory_fraction or DEFAULT_MEMORY_FRACTION, total)
+        return self.shares
 
     def check(self, model=None):
         """Fail on an unknown model name without loading anything; returns its directory (openai: the
@@ -106,7 +140,15 @@ class LLMPool:
     def get(self, model=None) -> LLM:
         model_dir = self._key(model)
         if model_dir not in self._llms:
-            self._llms[model_dir] = _build(self.backend, model_dir, str(model or DEFAULT_MODEL), self.kwargs)
+            kwargs = self.kwargs
+            if self.shares:
+                if model_dir not in self.shares:
+                    raise ValueError(f"model {model!r} is not in this pool's memory plan ({len(self.shares)} "
+                                     f"models); plan every model before loading")
+                kwargs = {**kwargs, "memory_fraction": self.shares[model_dir]}
+            elif self.memory_fraction is not None and self.backend == "native":
+                kwargs = {**kwargs, "memory_fraction": self.memory_fraction}
+            self._llms[model_dir] = _build(self.backend, model_dir, str(model or DEFAULT_MODEL), kwargs)
         return self._llms[model_dir]
 
     @property

@@ -5,7 +5,6 @@ ended), output. The sync helpers (generate, chat, logits, score, continue_) and 
 written on it; postprocess is the one place a step's results reach the requests."""
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -14,6 +13,7 @@ import torch
 from .chat import plain_text_ids, render_chat
 from .kv_cache import BlockManager, allocate_kv_cache
 from .loader import iter_safetensors, load_tokenizer, resolve_model
+from .memory import CPU_KV_RAM_SHARE, DEFAULT_MEMORY_FRACTION, kv_blocks, physical_memory
 from .models import model_class
 from ..kernels import backend_name, cpu_ext, warn_once
 from .models.packed import pack_linears, packing_available
@@ -76,26 +76,6 @@ def out_of_memory(error):
     Only these make a step retry smaller; other errors are not about its size."""
     return (isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError))
             or isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
-
-
-CPU_KV_RAM_SHARE = 0.25  # the most of the machine's RAM one engine's KV pool may grow into on CPU
-DEFAULT_MEMORY_FRACTION = 0.9  # an engine alone on a GPU plans weights + activations + KV in 90 % of it
-PLANNING_MARGIN = 256 * 2**20  # left free on the device beyond the plan (allocator slack, other libraries)
-
-
-def kv_blocks(total, fraction, weights, activations, free, block_bytes):
-    """KV blocks that fit both this engine's share (fraction * total, less its weights and activations)
-    and what is free on the device now (less the activations still to come and a margin)."""
-    share = fraction * total - weights - activations
-    available = free - activations - PLANNING_MARGIN
-    return int(min(share, available) // block_bytes)
-
-
-def _physical_memory():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: assume 16 GiB
-        return 16 * 2**30
 
 
 def _positive(name, value):
@@ -172,7 +152,7 @@ class Engine:
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
         else:
-            total = free = _physical_memory()
+            total = free = physical_memory()
         blocks = kv_blocks(total, fraction, weights, activations or 0, free, per_block)
         enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)
         if blocks < 1:
@@ -243,7 +223,7 @@ class Engine:
         if kv_cache_gib is not None:
             budget = kv_cache_gib * 2**30
         else:  # the pool's pages cost memory only once written (allocate_kv_cache); cap the worst case
-            budget = CPU_KV_RAM_SHARE * _physical_memory()
+            budget = CPU_KV_RAM_SHARE * physical_memory()
         enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)  # every sequence at full length
         return max(1, min(int(budget // per_block), enough))
 

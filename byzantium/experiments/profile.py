@@ -13,7 +13,6 @@ Written to the run's out dir, one set per model loaded (a second model's files e
 
 and printed: the engine, and per tag and phase the tokens, seconds, tokens/s and share of the run.
 """
-import json
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -70,9 +69,12 @@ class ProfiledPool:
     def __init__(self, backend, torch_steps=0, **kwargs):
         from .. import backends
         if backend != "native":
-            raise ValueError("byzantium profile needs --backend native: the hf backend keeps no step records")
+            raise ValueError(f"byzantium profile needs --backend native: the {backend} backend keeps no step records")
         self.pool = backends.LLMPool(backend, profile=True, **kwargs)
         self.torch_steps, self.loaded, self.torch = torch_steps, [], {}
+
+    def plan(self, models, shares=None):
+        return self.pool.plan(models, shares)
 
     def get(self, model=None):
         llm = self.pool.get(model)
@@ -182,7 +184,7 @@ def profile_run(args):
     """`byzantium profile run ...`: the run with a ProfiledPool (args.pool, which the run commands use),
     then each model's profile written and printed."""
     if getattr(args, "backend", "native") != "native":
-        raise ValueError("byzantium profile needs --backend native: the hf backend keeps no step records")
+        raise ValueError(f"byzantium profile needs --backend native: the {args.backend} backend keeps no step records")
     if args.torch_profiler_steps < 1:
         raise ValueError(f"--torch-profiler-steps must be >= 1, got {args.torch_profiler_steps}")
     pools = []
