@@ -551,3 +551,30 @@ def test_sessions_keep_their_cache_and_match_the_engine(llm, http):
     check_error(http.post(f"/v1/sessions/{sid}/append", json={"text": "x"}), 404)
     check_error(http.delete(f"/v1/sessions/{sid}"), 404)
     check_error(http.post("/v1/sessions/sess-nope/continue", json={"max_tokens": 2}), 404)
+
+
+def test_several_models_routed_by_name(llm, tiny_llama):
+    """Two models in one server: each request goes to the engine its `model` names."""
+    from byzantium.backends import load_llm
+    from byzantium.server import build_app
+    model, path = tiny_llama
+    tiny = load_llm(path, num_blocks=64)
+    try:
+        wait_idle(llm)
+        with serve(build_app({MODEL: llm, "tiny": tiny})) as url:
+            c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+            assert sorted(m.id for m in c.models.list().data) == sorted([MODEL, "tiny"])
+            prompt = [5, 17, 42, 99, 3]
+            got = c.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                       extra_body={"return_token_ids": True})
+            want = tiny.engine.engine.generate([prompt], SamplingParams(max_tokens=6))[0]
+            assert got.choices[0].model_extra["token_ids"] == want.token_ids
+            assert got.usage.prompt_tokens == len(prompt) and got.model == "tiny"
+            text = c.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=4, temperature=0).choices[0].text
+            assert text == direct(llm, lambda: llm.generate("1, 2, 3,", greedy(4))).text
+            # the tiny model has no tokenizer: a chat to it is a clear 400, the other model keeps serving
+            with pytest.raises(openai.BadRequestError, match="no tokenizer"):
+                c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        wait_idle(tiny)
+    finally:
+        tiny.close()
