@@ -143,7 +143,9 @@ def add_routes(app: FastAPI, server: Server):
             ids = server.chat_ids(served, body.messages, body.chat_template_kwargs)
             max_tokens = body.max_completion_tokens or body.max_tokens
             server.check_length(served, ids, max_tokens, "messages")
-            max_tokens = max_tokens or served.max_model_len - len(ids)
+            if max_tokens is None:  # as much as the context and the KV pool leave (OpenAI: no default cap)
+                engine = served.engine.engine
+                max_tokens = min(served.max_model_len, engine.num_blocks * engine.block_size) - len(ids)
             top = (body.top_logprobs or 0) if body.logprobs else None
             if body.top_logprobs and not body.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
