@@ -1,7 +1,8 @@
 """The one dispatch point for attention over the paged KV cache.
 
 Every backend module provides the same three functions (see `reference.py` for their contract):
-`store_kv`, `append_prefill_attention`, `paged_decode_attention`.
+`store_kv`, `append_prefill_attention`, `paged_decode_attention`. Both attention functions take
+`window` (None: global attention; W: the query at position p sees keys (p - W, p], a sliding-window layer).
 """
 import functools
 import importlib

@@ -39,12 +39,12 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     store(k, v, k_cache, v_cache, slot_mapping)
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     Contract as in `reference.append_prefill_attention`. flash-attn aligns the causal mask to the
     bottom right when there are fewer queries than keys, which is exactly "new token j sits at
-    position seq_lens[b] - q_len_b + j".
+    position seq_lens[b] - q_len_b + j"; its window is aligned the same way.
     """
     _check_block_size(k_cache)
     flash_attn_varlen_func = _flash_attn().flash_attn_varlen_func
@@ -55,19 +55,26 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     max_seqlen_q, max_seqlen_k = torch.stack([q_lens.max(), seq_lens.max()]).tolist()  # one sync
     return flash_attn_varlen_func(
         q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale=scale, causal=True, block_table=block_tables.to(torch.int32),
+        softmax_scale=scale, causal=True, window_size=_window_size(window), block_table=block_tables.to(torch.int32),
     )
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale):
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
     """One query token per sequence: q `[B, Hq, D]`; contract as in `reference.paged_decode_attention`."""
     _check_block_size(k_cache)
     flash_attn_with_kvcache = _flash_attn().flash_attn_with_kvcache
     out = flash_attn_with_kvcache(
         q.unsqueeze(1), k_cache, v_cache, cache_seqlens=seq_lens.to(torch.int32),
         block_table=block_tables.to(torch.int32), softmax_scale=scale, causal=True,
+        window_size=_window_size(window),
     )
     return out.squeeze(1)
+
+
+def _window_size(window):
+    """flash-attn's (left, right): query i sees keys i - left .. i + right; our window W means keys
+    (p - W, p], so left = W - 1 (and right 0, which causal implies). (-1, -1): no window."""
+    return (-1, -1) if window is None else (window - 1, 0)
 
 
 def _check_block_size(k_cache):

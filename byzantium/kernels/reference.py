@@ -5,6 +5,10 @@ token at position p of a sequence lives in slot `block_table[p // block_size] * 
 p % block_size`. GQA: query head h reads KV head `h // (Hq // Hkv)`. Slots past a sequence's length
 may hold anything (NaN included) and are never allowed to leak into the result.
 
+Sliding window: with `window=W` (None: global attention) the query at position p attends to the keys at
+positions (p - W, p], as transformers' sliding-window layers do. The cache still holds every token of the
+sequence (nothing is freed outside the window); only the keys inside it are read.
+
 Every layer of a step calls these with the same metadata tensors, so what depends only on the
 metadata (gather indices, masks) is computed once per step and reused (a one-entry memo keyed on
 the metadata tensors themselves).
@@ -47,16 +51,29 @@ def _token_slots(block_tables, lengths, block_size):
     return torch.where(valid, slots, slots[:, :1]), valid
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
+def _window_slots(block_tables, lengths, block_size, window):
+    """As _token_slots, over each sequence's last `window` positions only: [B, window]. Sequences shorter
+    than the window are padded (their slots past the length point at their first slot, masked)."""
+    lengths = lengths.long()
+    first = (lengths - window).clamp(min=0)
+    pos = first[:, None] + torch.arange(window, device=block_tables.device)
+    valid = pos < lengths[:, None]
+    pos = torch.where(valid, pos, first[:, None])
+    blocks = block_tables.long().gather(1, pos // block_size)
+    return blocks * block_size + pos % block_size, valid
+
+
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     q `[T, Hq, D]` packs the new tokens of all sequences (`cu_seqlens_q`, length B+1); `seq_lens[b]` is
     sequence b's total length with the new tokens' K/V already stored, so new token j of sequence b
-    sits at position `seq_lens[b] - q_len_b + j`. Returns `[T, Hq, D]`.
+    sits at position `seq_lens[b] - q_len_b + j`. `window`: see the module docstring. Returns `[T, Hq, D]`.
     """
     num_kv_heads, head_dim = k_cache.shape[-2:]
-    plan = _per_step("prefill", (cu_seqlens_q, seq_lens, block_tables),
-                     lambda: _prefill_plan(cu_seqlens_q, seq_lens, block_tables, k_cache.shape[1]))
+    # One memo per window: a model interleaving sliding and global layers alternates between two plans.
+    plan = _per_step(f"prefill-{window}", (cu_seqlens_q, seq_lens, block_tables),
+                     lambda: _prefill_plan(cu_seqlens_q, seq_lens, block_tables, k_cache.shape[1], window))
     flat_k = k_cache.view(-1, num_kv_heads, head_dim)
     flat_v = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty_like(q)
@@ -70,7 +87,7 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     return out
 
 
-def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size):
+def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size, window=None):
     """Per sequence: its query rows, the slots of its keys, and its causal mask."""
     plan = []
     starts, lengths = cu_seqlens_q.tolist(), seq_lens.tolist()
@@ -79,21 +96,30 @@ def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size):
         if end == start:
             continue
         slots, _ = _token_slots(block_tables[b:b + 1], seq_lens[b:b + 1], block_size)
-        # Bottom-right aligned causal mask: new token j sees keys up to position total - q_len + j.
-        # With no cached prefix that is SDPA's own causal mask (mask None), which is faster.
+        first_query = total - (end - start)
+        # Keys before the first query's window are seen by no query: not read at all.
+        first_key = 0 if window is None else max(0, first_query - window + 1)
+        # Bottom-right aligned causal mask: new token j sees keys up to position total - q_len + j (and,
+        # with a window, from position total - q_len + j - window + 1). With no cached prefix and no
+        # window in reach that is SDPA's own causal mask (mask None), which is faster.
         mask = None
-        if end - start < total:
-            query_pos = torch.arange(total - (end - start), total, device=slots.device)
-            mask = torch.arange(total, device=slots.device)[None, :] <= query_pos[:, None]
-        plan.append((start, end, slots[0], mask))
+        if first_query > 0 or (window is not None and total > window):
+            query_pos = torch.arange(first_query, total, device=slots.device)[:, None]
+            key_pos = torch.arange(first_key, total, device=slots.device)[None, :]
+            mask = key_pos <= query_pos
+            if window is not None:
+                mask &= key_pos > query_pos - window
+        plan.append((start, end, slots[0, first_key:], mask))
     return plan
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale):
-    """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens."""
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
+    """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens (its
+    last `window` of them when a window is given)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    slots, mask = _per_step("decode", (seq_lens, block_tables), lambda: _decode_plan(seq_lens, block_tables, k_cache.shape[1]))
+    slots, mask = _per_step(f"decode-{window}", (seq_lens, block_tables),
+                            lambda: _decode_plan(seq_lens, block_tables, k_cache.shape[1], window))
     # index_select, not advanced indexing: the latter takes a slow per-element path on CPU.
     shape = (batch, -1, num_kv_heads, head_dim)
     k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
@@ -104,7 +130,10 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale):
     return out.reshape(batch, num_heads, head_dim)
 
 
-def _decode_plan(seq_lens, block_tables, block_size):
-    slots, valid = _token_slots(block_tables, seq_lens, block_size)
+def _decode_plan(seq_lens, block_tables, block_size, window=None):
+    if window is not None and int(seq_lens.max()) > window:
+        slots, valid = _window_slots(block_tables, seq_lens, block_size, window)
+    else:
+        slots, valid = _token_slots(block_tables, seq_lens, block_size)
     # Sequences of equal length (a batch decoding in lockstep, or one sequence) need no mask.
     return slots.flatten(), None if bool(valid.all()) else valid[:, None, None, :]

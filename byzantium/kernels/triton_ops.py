@@ -16,6 +16,10 @@ against): k_cache, v_cache `[num_blocks, block_size, num_kv_heads, head_dim]`.
 The launch grids depend only on tensor shapes, never on values in device tensors, so no kernel
 needs a host sync and decode can be captured in CUDA graphs.
 
+Sliding window (`window=W`; None: global attention): the query at position p sees keys (p - W, p]. Decode
+splits only the window's keys; append prefill starts each tile at the first key its first query sees and
+masks per row. The cache keeps every token; keys before the window are simply not read.
+
 Masking: keys past a sequence's length are never loaded (masked loads give 0) and their scores are
 -inf, so unwritten cache slots (which may hold NaN) cannot reach the output. All accumulation is fp32;
 softmax uses exp2 with log2(e) folded into the scale.
@@ -73,11 +77,13 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
 # ------------------------------------------------------------------------------------ decode (split-K)
 
 @triton.jit
-def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Token range [start, end) of one split. Splits are whole BLOCK_N tiles, so trailing ones may be
-    empty; both decode kernels call this, so they agree on which splits wrote a result."""
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+def _split_range(seq_len, window, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Token range [start, end) of one split of the keys the query sees, [seq_len - window, seq_len)
+    clipped at 0. Splits are whole BLOCK_N tiles, so trailing ones may be empty; both decode kernels call
+    this, so they agree on which splits wrote a result."""
+    first = tl.maximum(seq_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
     return start, end
 
@@ -85,7 +91,7 @@ def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, seq_lens_ptr, block_tables_ptr,
-    out_ptr, mid_o_ptr, mid_lse_ptr, qk_scale,
+    out_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, window,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     stride_mid_b, stride_mid_h, stride_mid_s, stride_lse_b, stride_lse_h,
@@ -105,7 +111,7 @@ def _decode_split_kernel(
     out_offs = seq * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    start, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+    start, end = _split_range(seq_len, window, split, NUM_SPLITS, BLOCK_N)
     if start >= end:
         if NUM_SPLITS == 1:  # an empty sequence (a padding row): zeros, as the merge kernel gives
             tl.store(out_ptr + out_offs, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=mask_o)
@@ -150,7 +156,7 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, seq_lens_ptr,
+    mid_o_ptr, mid_lse_ptr, out_ptr, seq_lens_ptr, window,
     stride_mid_b, stride_mid_h, stride_mid_s, stride_lse_b, stride_lse_h, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
@@ -166,7 +172,7 @@ def _decode_merge_kernel(
     weight_sum = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for split in range(NUM_SPLITS):
-        start, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+        start, end = _split_range(seq_len, window, split, NUM_SPLITS, BLOCK_N)
         if start < end:  # empty splits wrote nothing
             o = tl.load(mid_o_ptr + split * stride_mid_s + offs_d, mask=mask_d, other=0.0)
             lse = tl.load(mid_lse_ptr + split)
@@ -183,8 +189,9 @@ def _decode_merge_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, *, num_splits=None):
-    """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens.
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, *, num_splits=None):
+    """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens (its
+    last `window` of them when a window is given).
 
     `num_splits` (how many programs share one sequence's context) defaults to a choice from the
     shapes alone; pass it to force one (tests do). Rows with seq_lens 0 (padding rows) come out as zeros.
@@ -199,7 +206,8 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, *
     _check_cache(k_cache, v_cache)
     block_n = 64
     if num_splits is None:
-        num_splits = _decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+        context = block_tables.shape[1] * block_size
+        num_splits = _decode_num_splits(batch, num_kv_heads, min(context, window or context), q.device)
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
         # Per split: partial output [B, Hq, S, D] (already divided by its own softmax sum) and its
@@ -212,7 +220,7 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, *
                    num_heads * num_splits, num_splits)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, seq_lens, block_tables,
-        out, mid_o, mid_lse, scale * _LOG2E,
+        out, mid_o, mid_lse, scale * _LOG2E, _window_arg(window),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *mid_strides,
@@ -222,7 +230,7 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, *
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
-            mid_o, mid_lse, out, seq_lens, *mid_strides, out.stride(0), out.stride(1),
+            mid_o, mid_lse, out, seq_lens, _window_arg(window), *mid_strides, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         )
     return out
@@ -263,7 +271,7 @@ def _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _append_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr,
-    qk_scale, num_seqs,
+    qk_scale, num_seqs, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -297,9 +305,11 @@ def _append_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Causal: no row of this tile sees past the tile's last token, so stop there.
+    # Causal: no row of this tile sees past the tile's last token, so stop there; nor before the window
+    # of its first token.
     kv_end = tl.minimum(seq_len, prefix_len + (local_block + 1) * BLOCK_Q)
-    for n0 in range(0, kv_end, BLOCK_N):
+    kv_start = tl.maximum(prefix_len + local_block * BLOCK_Q - window + 1, 0)
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         block = tl.load(table + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
@@ -307,11 +317,14 @@ def _append_prefill_kernel(
         k = tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None]), qk, float("-inf"))
-        # Key 0 is in the first tile and visible to every row, so m_new is finite from then on.
+        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
+        qk = tl.where(mask_n[None, :] & visible, qk, float("-inf"))
+        # With a window shorter than the tile, a row may see no key of a tile (its m_new stays -inf):
+        # subtract 0 then, so its p and alpha are 0 rather than NaN. Every row sees its own key later.
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
@@ -323,12 +336,13 @@ def _append_prefill_kernel(
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, *,
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None, *,
                              block_m=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     q `[T, Hq, D]` packs the new tokens of all sequences (`cu_seqlens_q`, length B+1); `seq_lens[b]`
-    is sequence b's total length with the new tokens' K/V already stored. Returns `[T, Hq, D]`.
+    is sequence b's total length with the new tokens' K/V already stored; `window` as in the module
+    docstring. Returns `[T, Hq, D]`.
     `block_m` (rows of a tile: query tokens x heads of a group) defaults to a choice from the shapes.
     """
     num_tokens, num_heads, head_dim = q.shape
@@ -352,7 +366,7 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)  # upper bound; see _find_seq
     _append_prefill_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
-        scale * _LOG2E, num_seqs,
+        scale * _LOG2E, num_seqs, _window_arg(window),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
@@ -364,6 +378,14 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+def _window_arg(window):
+    # None (global) as a window longer than any sequence: one compiled kernel serves both kinds of layer.
+    return _NO_WINDOW if window is None else int(window)
+
+
+_NO_WINDOW = 1 << 30
+
 
 def _dot_precision(dtype):
     # fp32 inputs would default to TF32 on NVIDIA GPUs (~1e-3 error); keep fp32 exact. fp16/bf16:

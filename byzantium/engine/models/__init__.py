@@ -13,4 +13,4 @@ def model_class(config):
     return LlamaForCausalLM
 
 
-GEMMA3 = ()  # filled in when models/gemma3.py exists
+GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")

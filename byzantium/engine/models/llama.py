@@ -1,25 +1,72 @@
-"""The Llama family on the paged KV cache: Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm).
+"""The Llama family on the paged KV cache: Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm),
+Qwen3-MoE (Qwen3 with sparse expert MLPs: models/moe.py) and the text tower of Mistral 3 checkpoints.
 
 Reads top to bottom: norm, rotary embedding, attention, MLP, decoder layer, model, weight loading.
 Inputs are packed: `input_ids` and `positions` are [T] for all sequences of a step together, and
 `meta` (runner.AttentionMetadata) says which rows belong to which sequence and where their K/V live.
 Q/K/V and gate/up projections are fused into one matmul each.
 """
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+from .moe import SparseMoeBlock, is_sparse_layer
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Qwen3MoeForCausalLM", "Mistral3ForConditionalGeneration")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM"}
+               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+               "mistral3": "Mistral3ForConditionalGeneration"}
+QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+O_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # o_proj follows attention_bias
+
+# Multimodal checkpoints of which the engine serves the text tower: checkpoint name prefix -> ours, or None
+# for the vision parts (skipped). Both the original names and transformers 5's (model.language_model.*).
+TEXT_TOWERS = {"Mistral3ForConditionalGeneration": (
+    ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."), ("lm_head.", "lm_head."),
+    ("vision_tower.", None), ("multi_modal_projector.", None),
+    ("model.vision_tower.", None), ("model.multi_modal_projector.", None))}
+
+# Qwen3-MoE experts: one tensor per expert and projection (checkpoints), or transformers 5's stacked ones.
+_EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+_STACKED_EXPERTS = re.compile(r"(.*\.mlp)\.experts\.(gate_up_proj|down_proj)")
 
 
 def architecture_of(config):
     """The supported architecture name of a transformers config, or a ValueError naming the supported ones."""
-    names = getattr(config, "architectures", None) or [MODEL_TYPES.get(getattr(config, "model_type", None), "")]
-    if names[0] not in ARCHITECTURES:
-        found = names[0] or getattr(config, "model_type", "?")
+    arch = _named(config)
+    if arch not in ARCHITECTURES:
+        found = arch or getattr(config, "model_type", "?")
         raise ValueError(f"unsupported architecture {found!r}; supported: {', '.join(ARCHITECTURES)}")
+    if arch in TEXT_TOWERS:
+        decoder_architecture(config)  # an unsupported text tower fails here too
+    return arch
+
+
+def decoder_architecture(config):
+    """The architecture whose decoder layers run: the config's own, or a multimodal checkpoint's text
+    tower's (named by its model_type)."""
+    if _named(config) not in TEXT_TOWERS:
+        return architecture_of(config)
+    text = text_config(config)
+    arch = MODEL_TYPES.get(getattr(text, "model_type", None))
+    if arch is None or arch in TEXT_TOWERS:
+        towers = ", ".join(t for t, a in MODEL_TYPES.items() if a not in TEXT_TOWERS)
+        raise ValueError(f"unsupported text tower {getattr(text, 'model_type', '?')!r} in {_named(config)}; "
+                         f"supported: {towers}")
+    return arch
+
+
+def text_config(config):
+    """The decoder's config: a multimodal checkpoint's text_config, the config itself otherwise."""
+    return config.get_text_config(decoder=True)
+
+
+def _named(config):
+    names = getattr(config, "architectures", None) or [MODEL_TYPES.get(getattr(config, "model_type", None), "")]
     return names[0]
 
 
@@ -70,11 +117,11 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
         qkv_bias = arch == "Qwen2ForCausalLM" or bool(getattr(config, "attention_bias", False))
-        o_bias = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and bool(getattr(config, "attention_bias", False))
+        o_bias = arch in O_BIAS and bool(getattr(config, "attention_bias", False))
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
-        self.qk_norm = arch == "Qwen3ForCausalLM"
+        self.qk_norm = arch in QK_NORM
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -122,12 +169,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, arch):
+    def __init__(self, config, arch, index):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, arch)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        moe = arch == "Qwen3MoeForCausalLM" and is_sparse_layer(config, index)
+        self.mlp = SparseMoeBlock(config) if moe else MLP(config)
 
     def forward(self, x, cos, sin, meta, k_cache, v_cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
@@ -138,12 +186,13 @@ class LlamaModel(nn.Module):
     def __init__(self, config, arch):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, arch) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, arch, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Also serves Mistral, Qwen2 and Qwen3: the differences are biases, q/k norms and rope settings."""
+    """Also serves Mistral, Qwen2, Qwen3, Qwen3-MoE and Mistral 3's text tower: the differences are biases,
+    q/k norms, sparse MLPs, rope settings and checkpoint names."""
 
     # checkpoint name -> (our fused parameter, which slice)
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -151,17 +200,21 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        arch = architecture_of(config)
-        self.config, self.arch = config, arch
-        self.model = LlamaModel(config, arch)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.arch = architecture_of(config)  # the checkpoint's: its weight names
+        text = text_config(config)  # the decoder's: every size and setting below
+        self.config = text
+        self.model = LlamaModel(text, decoder_architecture(config))
+        # tied if either config says so (transformers 5 reads the outer one); load_weights unties them when
+        # the checkpoint ships a head that differs from the embedding, as transformers does
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False)
+                                        or getattr(text, "tie_word_embeddings", False))
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
-        self.max_positions = config.max_position_embeddings
-        cos, sin = rope_tables(config, self.head_dim, self.max_positions)
+        self.max_positions = text.max_position_embeddings
+        cos, sin = rope_tables(text, self.head_dim, self.max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -187,42 +240,79 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, named_tensors):
         """Copy checkpoint tensors (transformers names) into our fused parameters; check none is missing."""
         params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in named_tensors:
-            if "rotary_emb.inv_freq" in name:
+        loaded, head = set(), None
+        for ckpt_name, tensor in named_tensors:
+            name = self._rename(ckpt_name)
+            if name is None or "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
+                head = tensor  # kept only if it differs from the embedding (below)
                 continue
-            target, part = name, None
-            for ckpt, (ours, index) in self.packed.items():
-                if f".{ckpt}." in name:
-                    target, part = name.replace(f".{ckpt}.", f".{ours}."), index
-                    break
+            target, part = self._target(name)
             if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch}")
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {self.arch}")
             param = params[target]
+            dest = self._piece(target, param, part)
+            if dest.shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}; "
+                                 f"{self.arch} expects {tuple(dest.shape)}")
             with torch.no_grad():
-                if part is None:
-                    param.copy_(tensor)
-                else:
-                    param.narrow(0, *self._slice(target, part)).copy_(tensor)
-            loaded.add((target, part))
-        expected = set()
-        for target in params:
-            kind = target.rsplit(".", 2)[-2]
-            parts = {"qkv_proj": 3, "gate_up_proj": 2}.get(kind)
-            expected |= {(target, p) for p in range(parts)} if parts else {(target, None)}
-        if self.tie_word_embeddings:
-            expected.discard(("lm_head.weight", None))
+                dest.copy_(tensor)
+            loaded |= {(target, p) for p in (self._parts(target, param) if part is None else [part])}
+        expected = {(t, p) for t, param in params.items() for p in self._parts(t, param)}
         missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        embed = self.model.embed_tokens.weight
+        if head is not None and not torch.equal(head.to(embed.device, embed.dtype), embed):
+            # As transformers does: a config that ties them, with a checkpoint that ships a different head
+            # (Mistral 3's outer config defaults to tied), means the head is the model's own.
+            self.lm_head.weight = nn.Parameter(head.to(embed.device, embed.dtype), requires_grad=False)
+            self.tie_word_embeddings = False
 
-    def _slice(self, target, part):
-        """(start, length) of part `part` within a fused parameter, along dim 0."""
+    def _rename(self, name):
+        """A checkpoint name as our text model's name; None for tensors we do not use (vision towers)."""
+        for prefix, ours in TEXT_TOWERS.get(self.arch, ()):
+            if name.startswith(prefix):
+                return None if ours is None else ours + name[len(prefix):]
+        return name
+
+    def _target(self, name):
+        """(our parameter, which piece of it or None for all of it) of a checkpoint tensor."""
+        if m := _EXPERT.fullmatch(name):
+            prefix, expert, proj = m[1], int(m[2]), m[3]
+            return (f"{prefix}.w2", expert) if proj == "down" else (f"{prefix}.w13", (expert, int(proj == "up")))
+        if m := _STACKED_EXPERTS.fullmatch(name):
+            return f"{m[1]}.{'w13' if m[2] == 'gate_up_proj' else 'w2'}", None
+        for ckpt, (ours, index) in self.packed.items():
+            if f".{ckpt}." in name:
+                return name.replace(f".{ckpt}.", f".{ours}."), index
+        return name, None
+
+    def _parts(self, target, param):
+        """The pieces a parameter is loaded in, one checkpoint tensor each; [None] when it is one tensor."""
+        if ".qkv_proj." in target:
+            return [0, 1, 2]
+        if ".gate_up_proj." in target:
+            return [0, 1]
+        if target.endswith(".w13"):  # experts' [gate; up]
+            return [(e, p) for e in range(param.shape[0]) for p in (0, 1)]
+        if target.endswith(".w2"):
+            return list(range(param.shape[0]))
+        return [None]
+
+    def _piece(self, target, param, part):
+        """The view of `param` that checkpoint piece `part` is copied into."""
+        if part is None:
+            return param
+        if target.endswith(".w13"):
+            expert, half = part
+            return param[expert].narrow(0, half * param.shape[1] // 2, param.shape[1] // 2)
+        if target.endswith(".w2"):
+            return param[part]
         if ".qkv_proj." in target:
             attn = self.model.layers[0].self_attn
             sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [self.config.intermediate_size] * 2
-        return sum(sizes[:part]), sizes[part]
+        else:  # gate_up_proj: [gate; up]
+            sizes = [param.shape[0] // 2] * 2
+        return param.narrow(0, sum(sizes[:part]), sizes[part])

@@ -1,0 +1,265 @@
+"""Gemma 3's text model on the paged KV cache: Gemma3ForCausalLM, and the text tower of
+Gemma3ForConditionalGeneration checkpoints (its vision tower and projector are skipped).
+
+What sets it apart from the Llama family (transformers' modeling_gemma3.py is the reference, op for op):
+embeddings scaled by sqrt(hidden_size) in the model dtype; RMSNorm as x * (1 + w) in fp32; q/k norms;
+norms before and after both attention and MLP; a gelu(tanh) MLP; attention scale query_pre_attn_scalar^-0.5;
+sliding-window layers interleaved with global ones, each kind with its own rope (base rope_local_base_freq
+for local layers, the rope scaling for global ones); final logit soft-capping when the config sets it.
+
+Sliding-window layers really attend within their window (the attention ops' `window`): a query at position p
+sees keys (p - W, p]. The KV cache still keeps every token of every layer: freeing the blocks that fell out of
+all windows is a later optimisation.
+
+Reads top to bottom: norm, rope, attention, MLP, decoder layer, model, weight loading. Inputs are packed as in
+llama.py ([T] tokens of all sequences of a step, `meta` from runner.AttentionMetadata).
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...kernels import warn_once
+from .llama import apply_rope
+
+ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+SLIDING, GLOBAL = "sliding_attention", "full_attention"
+
+
+class RMSNorm(nn.Module):
+    """Gemma's: normalise and scale by (1 + w) in fp32, then cast (Llama casts before scaling)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def layer_types(config):
+    """Per layer, SLIDING or GLOBAL: config.layer_types, else every sliding_window_pattern-th layer global."""
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        pattern = getattr(config, "sliding_window_pattern", 6)
+        types = [GLOBAL if (i + 1) % pattern == 0 else SLIDING for i in range(config.num_hidden_layers)]
+    return list(types)
+
+
+def rope_inv_freq(config, layer_type, head_dim):
+    """(inv_freq [head_dim // 2] fp32, scaling) for one kind of layer, as transformers computes them."""
+    params = getattr(config, "rope_parameters", None) or {}
+    extra = {}
+    if layer_type in params:  # transformers 5: one rope dict per layer type
+        params, extra = params[layer_type], {"layer_type": layer_type}
+    elif layer_type == SLIDING:  # transformers 4: local layers use rope_local_base_freq, unscaled
+        params = {"rope_type": "default", "rope_theta": getattr(config, "rope_local_base_freq", 10000.0)}
+    else:  # ... and global layers rope_theta with rope_scaling
+        params = dict(getattr(config, "rope_scaling", None) or {}, rope_theta=config.rope_theta)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        return inv_freq, 1.0
+    if rope_type == "dynamic":
+        raise NotImplementedError("dynamic rope scaling changes with sequence length and is not supported")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    with torch.device("cpu"):  # also while the model is built on the meta device: these need real values
+        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **extra)
+
+
+class Attention(nn.Module):
+    def __init__(self, config, layer_type):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = config.query_pre_attn_scalar ** -0.5
+        self.window = config.sliding_window if layer_type == SLIDING else None  # None: global
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, meta, k_cache, v_cache):
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(self.q_norm(q.view(T, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(k.view(T, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        ops, d = meta.ops, meta.num_decode
+        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        decode = lambda q: ops.paged_decode_attention(  # noqa: E731
+            q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, self.scale, window=self.window)
+        prefill = lambda q: ops.append_prefill_attention(  # noqa: E731
+            q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables, self.scale,
+            window=self.window)
+        if d == T:
+            out = decode(q)
+        elif d == 0:
+            out = prefill(q)
+        else:
+            out = torch.empty_like(q)
+            out[:d], out[d:] = decode(q[:d]), prefill(q[d:])
+        return self.o_proj(out.view(T, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"unsupported hidden_activation {act!r}: Gemma 3 uses gelu_pytorch_tanh")
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer_type):
+        super().__init__()
+        self.layer_type = layer_type
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_type)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, meta, k_cache, v_cache):
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in layer_types(config))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    """Built from a Gemma3TextConfig, or a Gemma3Config (multimodal: its text_config is what runs here)."""
+
+    # checkpoint name -> (our fused parameter, which slice)
+    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    # Multimodal checkpoints: where their text tower's tensors live (older and newer layouts), and what to skip.
+    renames = (("model.language_model.", "model."), ("language_model.model.", "model."),
+               ("language_model.lm_head.", "lm_head."), ("language_model.", "model."))
+    skipped = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+    def __init__(self, config):
+        super().__init__()
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.arch = (getattr(config, "architectures", None) or ["Gemma3ForCausalLM"])[0]
+        self.config = text
+        if getattr(text, "use_bidirectional_attention", False):
+            raise ValueError("Gemma 3 with use_bidirectional_attention (an embedding model) is not supported")
+        if getattr(text, "attn_logit_softcapping", None) is not None:
+            # transformers' Gemma 3 never passes it to attention (Gemma 3 replaced Gemma 2's soft-capping by
+            # q/k norms; released configs set it to null): ignored here too, so outputs match.
+            warn_once("byzantium: Gemma 3 ignores attn_logit_softcapping, as transformers does")
+        self.final_softcap = getattr(text, "final_logit_softcapping", None)
+        self.model = Gemma3Model(text)
+        # A multimodal checkpoint ties (or not) at its top level, as transformers reads it.
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        attn = self.model.layers[0].self_attn
+        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        # Every layer's attention implements its window, so the context is the full rope range.
+        self.max_positions = text.max_position_embeddings
+        self.implements_sliding_window = True
+        self.layer_kinds = sorted({layer.layer_type for layer in self.model.layers})
+        self.rope_scaling = {}
+        self._make_buffers(None)  # on the default device (meta while the engine builds the model)
+
+    def _make_buffers(self, device):
+        for kind in self.layer_kinds:
+            inv_freq, self.rope_scaling[kind] = rope_inv_freq(self.config, kind, self.head_dim)
+            self.register_buffer(f"inv_freq_{kind}", inv_freq.float().to(device), persistent=False)
+        # sqrt(hidden) rounded to the model dtype first, as transformers does (55.43 -> 55.5 in bf16).
+        dtype = self.model.embed_tokens.weight.dtype
+        scale = torch.tensor(self.config.hidden_size ** 0.5).to(device=device, dtype=dtype)
+        self.register_buffer("embed_scale", scale, persistent=False)
+
+    def init_buffers(self, device):
+        """After to_empty: the rope frequencies, the embedding scale and the tied lm_head."""
+        self._make_buffers(device)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _rope(self, kind, positions, dtype):
+        """cos = cat(c, c), signed sin = cat(-s, s), [T, 1, D] (llama.apply_rope's tables), computed from the
+        positions as transformers does: no table of every position (Gemma 3's are 128k long, times two)."""
+        freqs = positions.float()[:, None] * getattr(self, f"inv_freq_{kind}")[None, :]
+        scaling = self.rope_scaling[kind]
+        cos, sin = (freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)
+        return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
+
+    def forward(self, input_ids, positions, meta, kv_cache):
+        """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""
+        x = self.model.embed_tokens(input_ids) * self.embed_scale
+        rope = {kind: self._rope(kind, positions, x.dtype) for kind in self.layer_kinds}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, *rope[layer.layer_type], meta, kv_cache[i, 0], kv_cache[i, 1])
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden):
+        logits = self.lm_head(hidden).float()
+        if self.final_softcap is not None:  # cap * tanh(logits / cap)
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+    def load_weights(self, named_tensors):
+        """Copy checkpoint tensors (transformers names, either layout) into our fused parameters; check that
+        none is missing and none is unknown."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in named_tensors:
+            if name.startswith(self.skipped) or "rotary_emb." in name:
+                continue
+            name = next((new + name[len(old):] for old, new in self.renames if name.startswith(old)), name)
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            target, part = name, None
+            for ckpt, (ours, index) in self.packed.items():
+                if f".{ckpt}." in name:
+                    target, part = name.replace(f".{ckpt}.", f".{ours}."), index
+                    break
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch}")
+            param = params[target]
+            with torch.no_grad():
+                if part is None:
+                    param.copy_(tensor)
+                else:
+                    param.narrow(0, *self._slice(target, part)).copy_(tensor)
+            loaded.add((target, part))
+        expected = set()
+        for target in params:
+            parts = {"qkv_proj": 3, "gate_up_proj": 2}.get(target.rsplit(".", 2)[-2])
+            expected |= {(target, p) for p in range(parts)} if parts else {(target, None)}
+        if self.tie_word_embeddings:
+            expected.discard(("lm_head.weight", None))
+        missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors of {self.arch}, e.g. {missing[:3]}")
+
+    def _slice(self, target, part):
+        """(start, length) of part `part` within a fused parameter, along dim 0."""
+        if ".qkv_proj." in target:
+            attn = self.model.layers[0].self_attn
+            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+        else:
+            sizes = [self.config.intermediate_size] * 2
+        return sum(sizes[:part]), sizes[part]

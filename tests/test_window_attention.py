@@ -1,0 +1,157 @@
+"""Sliding-window attention (`window=W`: the query at position p sees keys (p - W, p]) in every backend.
+
+- The torch reference against a naive dense float64 computation with an explicit window mask.
+- The CPU backend (compiled kernel while the window changes nothing, the reference past it) against the
+  reference.
+- The Triton kernels against the reference: under the interpreter in a fresh TRITON_INTERPRET=1 process
+  (as tests/test_kernels.py does), on CUDA in this process.
+- flash-attn's window_size argument.
+
+Windows shorter than a kernel tile (rows that see no key of a whole tile), windows of 1, windows longer
+than every sequence (no effect), and batches mixing fresh prompts, long cached prefixes and decode rows.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from byzantium.kernels import cpu, cpu_ext, reference
+from test_kernels import HAS_CUDA, HAS_TRITON, TRITON_DEVICE, assert_matches, make_batch
+
+# (prefix already cached, new tokens): fresh prompts longer than the windows, extends of long prefixes,
+# decode rows far past the window and inside it.
+BATCH = [(0, 37), (70, 19), (23, 1), (100, 1), (16, 16), (0, 1), (5, 3)]
+DECODE = [(n - 1, 1) for n in (1, 7, 20, 77, 150, 33)]
+WINDOWS = [1, 8, 20, 64, 1000]
+
+
+def naive_window_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window):
+    """Dense float64, one sequence and query head at a time, K/V read token by token, explicit mask."""
+    num_heads = q.shape[1]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b, total in enumerate(seq_lens.tolist()):
+        start, end = cu_seqlens_q[b].item(), cu_seqlens_q[b + 1].item()
+        slots = [(block_tables[b, p // block_size].item(), p % block_size) for p in range(total)]
+        if not slots:
+            continue
+        group = num_heads // num_kv_heads
+        k = torch.stack([k_cache[blk, off] for blk, off in slots]).double().repeat_interleave(group, 1)  # [L, Hq, D]
+        v = torch.stack([v_cache[blk, off] for blk, off in slots]).double().repeat_interleave(group, 1)
+        for j in range(end - start):
+            position = total - (end - start) + j
+            visible = torch.tensor([position - window < key <= position for key in range(total)])
+            for h in range(num_heads):
+                scores = (k[:, h] @ q[start + j, h].double()) * scale
+                scores[~visible] = float("-inf")
+                out[start + j, h] = torch.softmax(scores, 0) @ v[:, h]
+    return out
+
+
+def decode_args(data):
+    return [data[k] for k in ("q", "k_cache", "v_cache", "seq_lens", "block_tables")]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_reference_prefill_window_matches_naive(window):
+    data = make_batch(BATCH, 4, 2, 32, 16, torch.float32, "cpu", seed=window)
+    out = reference.append_prefill_attention(**data, scale=0.2, window=window)
+    assert_matches(out, naive_window_attention(**data, scale=0.2, window=window), torch.float32)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_reference_decode_window_matches_naive(window):
+    data = make_batch(DECODE, 4, 2, 32, 16, torch.float32, "cpu", seed=window)
+    out = reference.paged_decode_attention(*decode_args(data), 0.2, window=window)
+    assert_matches(out, naive_window_attention(**data, scale=0.2, window=window), torch.float32)
+
+
+def test_reference_window_longer_than_every_sequence_is_global():
+    data = make_batch(BATCH, 4, 2, 32, 16, torch.float32, "cpu")
+    torch.testing.assert_close(reference.append_prefill_attention(**data, scale=0.2, window=101),
+                               reference.append_prefill_attention(**data, scale=0.2), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(cpu_ext.load() is None, reason="the compiled CPU kernels are not available here")
+@pytest.mark.parametrize("window", [8, 1000])
+def test_cpu_backend_window_matches_reference(window):
+    # 1000: the compiled kernel runs (no query is past the window); 8: the reference does.
+    prefill = make_batch([(40, 3), (10, 1), (0, 5)], 4, 2, 64, 16, torch.float32, "cpu", seed=3)
+    assert_matches(cpu.append_prefill_attention(**prefill, scale=0.125, window=window),
+                   reference.append_prefill_attention(**prefill, scale=0.125, window=window), torch.float32)
+    decode = make_batch(DECODE, 4, 2, 64, 16, torch.float32, "cpu", seed=4)
+    assert_matches(cpu.paged_decode_attention(*decode_args(decode), 0.125, window=window),
+                   reference.paged_decode_attention(*decode_args(decode), 0.125, window=window), torch.float32)
+
+
+# ------------------------------------------------------------------------------ Triton vs reference
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.skipif(TRITON_DEVICE is not None, reason="the Triton kernels run in this process")
+def test_triton_window_kernels_under_interpreter():
+    """Run TestTritonWindow in a fresh process with TRITON_INTERPRET=1 set before triton is imported."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.join(root, "tests"), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           f"{os.path.abspath(__file__)}::TestTritonWindow"]
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, \
+        f"Triton window tests failed under the interpreter:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.skipif(TRITON_DEVICE is None, reason="no CUDA: run by test_triton_window_kernels_under_interpreter")
+class TestTritonWindow:
+    @pytest.fixture(scope="class")
+    def ops(self):
+        from byzantium.kernels import triton_ops
+        return triton_ops
+
+    @pytest.mark.parametrize("window", [1, 8, 20, 1000])
+    @pytest.mark.parametrize("group", [1, 4])
+    def test_append_prefill(self, ops, group, window):
+        # block_m 16 and 64: with group 1 a tile holds 16 or 64 query tokens, more than windows 1 and 8,
+        # so some rows see no key of a tile.
+        data = make_batch(BATCH, 2 * group, 2, 64, 16, torch.float32, TRITON_DEVICE, seed=group + window)
+        ref = reference.append_prefill_attention(**data, scale=0.125, window=window)
+        for block_m in (16, 64):
+            out = ops.append_prefill_attention(**data, scale=0.125, window=window, block_m=block_m)
+            assert_matches(out, ref, torch.float32)
+
+    @pytest.mark.parametrize("window", [1, 8, 20, 1000])
+    @pytest.mark.parametrize("group", [1, 4])
+    def test_decode(self, ops, group, window):
+        data = make_batch(DECODE, 2 * group, 2, 64, 16, torch.float32, TRITON_DEVICE, seed=group + window)
+        args = decode_args(data)
+        ref = reference.paged_decode_attention(*args, 0.125, window=window)
+        for num_splits in (1, 3):  # 3: the window's keys split, trailing splits empty for short windows
+            assert_matches(ops.paged_decode_attention(*args, 0.125, window=window, num_splits=num_splits), ref,
+                           torch.float32)
+
+
+# -------------------------------------------------------------------------------------- flash-attn
+
+def test_flash_window_size():
+    from byzantium.kernels import flash
+    assert flash._window_size(None) == (-1, -1)
+    assert flash._window_size(512) == (511, 0)  # keys p - 511 .. p: 512 of them, as (p - 512, p]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None or not HAS_CUDA, reason="needs flash-attn and CUDA")
+@pytest.mark.parametrize("window", [8, 300])
+def test_flash_window_matches_reference(window):
+    from byzantium.kernels import flash
+    data = make_batch([(300, 40), (10, 1), (0, 30)], 8, 2, 128, 256, torch.float16, "cuda")
+    upcast = {k: (t.float() if t.is_floating_point() else t) for k, t in data.items()}
+    ref = reference.append_prefill_attention(**upcast, scale=0.1, window=window)
+    assert_matches(flash.append_prefill_attention(**data, scale=0.1, window=window), ref, torch.float16)
+    decode = make_batch([(299, 1), (600, 1)], 8, 2, 128, 256, torch.float16, "cuda")
+    args = decode_args(decode)
+    upcast = [t.float() if t.is_floating_point() else t for t in args]
+    ref = reference.paged_decode_attention(*upcast, 0.1, window=window)
+    assert_matches(flash.paged_decode_attention(*args, 0.1, window=window), ref, torch.float16)
