@@ -19,6 +19,7 @@ from ..kernels import backend_name, cpu_ext, warn_once
 from .models.packed import pack_linears, packing_available
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample
+from .device_sampling import sample as device_sample
 from .scheduler import Scheduler
 from .sequence import Row, Sequence, Session, Status
 from .stats import EngineStats
@@ -86,7 +87,7 @@ def _positive(name, value):
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
                  max_batch_tokens=None, attention_backend="auto", max_model_len=None, kv_cache_gib=None,
-                 cpu_packed_linears=True, cpu_kernels=True, profile=False, memory_fraction=None):
+                 cpu_packed_linears=True, cpu_kernels=True, profile=False, memory_fraction=None, enforce_eager=False):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len"):
             _positive(name, locals()[name])
         if memory_fraction is not None and not 0 < memory_fraction <= 1:
@@ -105,10 +106,12 @@ class Engine:
         self.cpu_kernels = cpu_kernels
         self.model = self._load_model(config, model_dir)
 
-        context = config.max_position_embeddings
-        window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True):
-            context = min(context, window)  # no sliding-window attention here: stay inside the window
+        self.config = self.model.config  # the text model's: a multimodal checkpoint's text_config (Gemma 3)
+        context = self.model.max_positions
+        window = getattr(self.config, "sliding_window", None)
+        if window and getattr(self.config, "use_sliding_window", True) and not getattr(
+                self.model, "implements_sliding_window", False):
+            context = min(context, window)  # this model's attention has no sliding window: stay inside it
         self.max_model_len = min(max_model_len or context, context)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -119,6 +122,7 @@ class Engine:
         self.eos_token_ids = self._eos_ids(model_dir)
         # Profiling: a step with prefill and decode rows runs them as two timed forward passes (same outputs).
         self.profile = profile
+        self.enforce_eager = enforce_eager  # CUDA: no decode graphs (runner.py, cuda_graphs.py); CPU is always eager
         self._stats = EngineStats()
         self._ids = itertools.count()
         self.activations_bytes = None  # measured by the warm-up of memory planning (CUDA)
@@ -134,7 +138,9 @@ class Engine:
                                           self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, self.block_size)
         self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.attention_backend)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.attention_backend,
+                                  max_num_seqs=self.max_num_seqs, max_batch_tokens=self.max_batch_tokens,
+                                  max_model_len=self.max_model_len, cuda_graphs=not self.enforce_eager)
 
     def _plan_num_blocks(self, fraction):
         """KV blocks from what is left of this engine's share of the device (`fraction` of its memory:
@@ -216,7 +222,7 @@ class Engine:
                 "kv_cache": {"num_blocks": self.num_blocks, "block_size": self.block_size,
                              "bytes": self.kv_cache.numel() * self.kv_cache.element_size()},
                 "max_num_seqs": self.max_num_seqs, "max_batch_tokens": self.scheduler.max_batch_tokens,
-                "max_model_len": self.max_model_len, "profile": self.profile}
+                "max_model_len": self.max_model_len, "profile": self.profile, "cuda_graphs": self.runner.describe()}
 
     def _default_num_blocks(self, kv_cache_gib):
         per_block = self._block_bytes()
@@ -495,7 +501,12 @@ class Engine:
         if to_sample:
             sampled = [seqs[i] for i in to_sample]
             try:
-                tokens, logprobs = sample(logits.index_select(0, torch.tensor(to_sample, device=logits.device)), sampled)
+                if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)
+                    picked = logits if len(to_sample) == len(seqs) else logits.index_select(
+                        0, torch.tensor(to_sample, device=logits.device))
+                    tokens, logprobs = device_sample(picked, sampled)
+                else:
+                    tokens, logprobs = sample(logits.index_select(0, torch.tensor(to_sample, device=logits.device)), sampled)
             except Exception as error:  # noqa: BLE001 - e.g. NaN logits: these requests fail, not the engine
                 logger.error("byzantium: sampling failed for %d requests (%s: %s)", len(sampled), type(error).__name__, error)
                 failed = self._fail((seq, error) for seq in sampled)

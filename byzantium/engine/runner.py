@@ -3,12 +3,18 @@
 The rows (sequence.Row) are packed single-token rows first (decodes, and one-token prefills: the paged
 decode kernel computes them), then the longer chunks (append-prefill kernel: new tokens attend to their
 cached prefix plus themselves). The runner alone says which logits row belongs to which sequence.
+
+On CUDA a step's integers are written with numpy into one preallocated pinned host buffer and reach the
+GPU in one non-blocking copy (StepBuffers: no tensor built from a list, no pageable copy), and steps of
+single-token rows replay CUDA graphs (cuda_graphs.py). On the CPU the tensors are built from lists.
 """
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..kernels import attention_ops
+from .cuda_graphs import DecodeGraphs, FixedSplits
 
 
 @dataclass
@@ -21,12 +27,117 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None  # [P + 1] over the prefill rows
     prefill_seq_lens: torch.Tensor | None  # [P]
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks]
+    logit_index: torch.Tensor | None = None  # the logit rows on the device (StepBuffers); the runner's, not the model's
+
+
+_I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
+_TORCH = {_I64: torch.int64, _I32: torch.int32}
+
+
+def layout(num_tokens, num_decode, num_prefill, decode_width, prefill_width, num_logits):
+    """Where each field of a step sits in StepBuffers: {name: (byte offset, count, dtype)}, and the bytes
+    used. Fields follow one another (each aligned to its dtype), so the offsets depend only on the sizes:
+    a graphed step of B rows always has the same layout."""
+    fields, end = {}, 0
+    for name, count, dtype in (
+            ("input_ids", num_tokens, _I64), ("positions", num_tokens, _I64), ("slot_mapping", num_tokens, _I64),
+            ("decode_seq_lens", num_decode, _I32), ("decode_block_tables", num_decode * decode_width, _I32),
+            ("cu_seqlens_q", num_prefill + 1 if num_prefill else 0, _I32), ("prefill_seq_lens", num_prefill, _I32),
+            ("prefill_block_tables", num_prefill * prefill_width, _I32), ("logit_index", num_logits, _I64)):
+        start = -(-end // dtype.itemsize) * dtype.itemsize
+        fields[name] = (start, count, dtype)
+        end = start + count * dtype.itemsize
+    return fields, end
+
+
+class StepBuffers:
+    """A step's integers: written with numpy into a pinned host buffer, sent in one non-blocking copy to a
+    device buffer of the same size, handed out as views of it. Sized for the largest step
+    (max_tokens tokens, max_seqs rows, tables max_blocks wide); a step that does not fit is not staged."""
+
+    def __init__(self, max_tokens, max_seqs, max_blocks, device, pin=True):
+        self.max_blocks, self.device, self.pinned = max_blocks, torch.device(device), pin
+        # Rows are at most max_seqs in all, decode and prefill together; 64 bytes of alignment slack.
+        self.nbytes = layout(max_tokens, max_seqs, max_seqs, max_blocks, 0, max_seqs)[1] + 64
+        self.host = torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.device_buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=self.device)
+        # The last copy, recorded: the host buffer is rewritten only once it has been read (a step
+        # without logits never syncs, so the GPU may still be behind).
+        self.copied = torch.cuda.Event() if self.device.type == "cuda" else None
+        self.pending = False
+
+    def send(self, values, decode_width, prefill_width):
+        """values: {field: list of ints}, the block tables as lists of rows. A table field is [rows, width]
+        (a graphed step: max_blocks wide and more rows than tables, the padding rows); its entries are
+        zeroed up to the longest table, the rest keep whatever they held (no kernel reads past a
+        sequence's length; the torch reference reads up to the longest one). Returns {field: device
+        tensor} for the non-empty fields, or None when the step does not fit."""
+        num_decode, num_prefill = len(values["decode_seq_lens"]), len(values["prefill_seq_lens"])
+        fields, end = layout(len(values["input_ids"]), num_decode, num_prefill, decode_width, prefill_width,
+                             len(values["logit_index"]))
+        if end > self.nbytes or max(decode_width, prefill_width) > self.max_blocks:
+            return None
+        if self.pending:
+            self.copied.synchronize()
+        for name, (start, count, dtype) in fields.items():
+            if not count:
+                continue
+            view = self.host_np[start:start + count * dtype.itemsize].view(dtype)
+            if name.endswith("block_tables"):
+                width = decode_width if name == "decode_block_tables" else prefill_width
+                view = view.reshape(-1, width)
+                view[:, :max((len(t) for t in values[name]), default=0)] = 0
+                for row, table in zip(view, values[name]):
+                    row[:len(table)] = table
+            else:
+                view[:] = values[name]
+        self.device_buffer[:end].copy_(self.host[:end], non_blocking=self.pinned)
+        if self.copied is not None:
+            self.copied.record(torch.cuda.current_stream(self.device))  # the copy's stream, on this device
+            self.pending = True
+        out = {}
+        for name, (start, count, dtype) in fields.items():
+            if count:
+                tensor = self.device_buffer[start:start + count * dtype.itemsize].view(_TORCH[dtype])
+                if name.endswith("block_tables"):
+                    tensor = tensor.view(-1, decode_width if name == "decode_block_tables" else prefill_width)
+                out[name] = tensor
+        return out
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache, block_size, device, attention_backend="auto"):
-        self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, block_size, device
+    def __init__(self, model, kv_cache, block_size, device, attention_backend="auto", *, max_num_seqs=None,
+                 max_batch_tokens=None, max_model_len=None, cuda_graphs=False):
+        """On CUDA, with the sizes given (the engine's limits), steps are staged in StepBuffers; with
+        cuda_graphs too (and the Triton backend), single-token steps replay CUDA graphs."""
+        self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, block_size, torch.device(device)
         self.ops = attention_ops(attention_backend, device)
+        self.buffers = self.graphs = None
+        if self.device.type != "cuda":
+            self.graphs_off = f"eager ({self.device.type})"
+        elif not (max_num_seqs and max_batch_tokens and max_model_len):
+            self.graphs_off = "eager (the runner was given no size limits)"
+        else:
+            triton = self.ops.__name__.endswith("triton_ops")
+            self.graphs_off = ("eager (enforce_eager)" if not cuda_graphs else None if triton else
+                               "eager (CUDA graphs need attention_backend='triton')")
+            self.stage(max_num_seqs, max_batch_tokens, max_model_len, cuda_graphs=self.graphs_off is None)
+
+    def stage(self, max_num_seqs, max_batch_tokens, max_model_len, cuda_graphs, pin=True):
+        """Build steps in StepBuffers, and with cuda_graphs replay single-token steps as CUDA graphs: what
+        __init__ sets up on CUDA (tests set it up on the CPU, unpinned, with a stand-in for capture)."""
+        max_blocks = -(-max_model_len // self.block_size)
+        self.buffers = StepBuffers(max(max_batch_tokens, max_num_seqs), max_num_seqs, max_blocks, self.device, pin)
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(max_num_seqs, max_blocks, self.device)
+            self.graph_ops = FixedSplits(self.ops, max_model_len)
+
+    def describe(self):
+        """Whether decode steps replay CUDA graphs, at which buckets, which are captured so far."""
+        if self.graphs is None:
+            return {"enabled": False, "off_reason": self.graphs_off}
+        return self.graphs.describe()
 
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -35,9 +146,12 @@ class ModelRunner:
         width = max(len(s.block_table) for s in seqs)
         return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32)
 
-    def prepare(self, rows):
+    def prepare(self, rows, pad_to=None):
         """Returns (input_ids, positions, meta, logit_rows, seqs): logit_rows are the packed indices of the
-        rows that end their sequence, seqs those sequences, in the same order."""
+        rows that end their sequence, seqs those sequences, in the same order.
+
+        pad_to (a graphed step: single-token rows, StepBuffers): add padding rows up to that many, with
+        slot -1 and length 0, and block tables max_blocks wide."""
         rows = sorted(rows, key=lambda row: row.num_tokens > 1)  # stable: single-token rows first
         bs = self.block_size
         input_ids, positions, slots, logit_rows, seqs = [], [], [], [], []
@@ -55,6 +169,12 @@ class ModelRunner:
         cu = [0]
         for row in prefill:
             cu.append(cu[-1] + row.num_tokens)
+        if self.buffers is not None:
+            staged = self._stage(input_ids, positions, slots, logit_rows, decode, prefill, cu, pad_to)
+            if staged is not None:
+                return (*staged, logit_rows, seqs)
+        if pad_to is not None:
+            raise ValueError("pad_to needs the staged (CUDA) path and a step that fits its buffers")
         meta = AttentionMetadata(
             ops=self.ops,
             slot_mapping=self._tensor(slots),
@@ -67,12 +187,48 @@ class ModelRunner:
         )
         return self._tensor(input_ids), self._tensor(positions), meta, logit_rows, seqs
 
+    def _stage(self, input_ids, positions, slots, logit_rows, decode, prefill, cu, pad_to):
+        """The step through StepBuffers: (input_ids, positions, meta), or None when it does not fit."""
+        decode_lens = [r.end for r in decode]
+        decode_tables = [r.seq.block_table for r in decode]
+        decode_width = max((len(t) for t in decode_tables), default=0)
+        if pad_to is not None:
+            if prefill or pad_to < len(decode):
+                raise ValueError(f"pad_to={pad_to} is for a step of at most {pad_to} single-token rows")
+            pad = pad_to - len(decode)
+            input_ids, positions, slots = input_ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad
+            decode_lens = decode_lens + [0] * pad
+            decode_width = self.buffers.max_blocks
+        prefill_tables = [r.seq.block_table for r in prefill]
+        prefill_width = max((len(t) for t in prefill_tables), default=0)
+        t = self.buffers.send({"input_ids": input_ids, "positions": positions, "slot_mapping": slots,
+                               "decode_seq_lens": decode_lens, "decode_block_tables": decode_tables,
+                               "cu_seqlens_q": cu if prefill else [], "prefill_seq_lens": [r.end for r in prefill],
+                               "prefill_block_tables": prefill_tables, "logit_index": logit_rows},
+                              decode_width, prefill_width)
+        if t is None:
+            return None
+        meta = AttentionMetadata(
+            ops=self.graph_ops if pad_to is not None and self.graphs is not None else self.ops,
+            slot_mapping=t["slot_mapping"], num_decode=len(decode_lens),
+            decode_seq_lens=t.get("decode_seq_lens"), decode_block_tables=t.get("decode_block_tables"),
+            cu_seqlens_q=t.get("cu_seqlens_q"), prefill_seq_lens=t.get("prefill_seq_lens"),
+            prefill_block_tables=t.get("prefill_block_tables"), logit_index=t.get("logit_index"))
+        return t["input_ids"], t["positions"], meta
+
     @torch.inference_mode()
     def run(self, rows):
         """One forward pass over the rows; returns (seqs, logits): the sequences that a row ends and their
         next-token logits (fp32, one row each, None when there are none)."""
-        input_ids, positions, meta, logit_rows, seqs = self.prepare(rows)
-        hidden = self.model(input_ids, positions, meta, self.kv_cache)
+        bucket = self.graphs.bucket(rows) if self.graphs is not None else None
+        input_ids, positions, meta, logit_rows, seqs = self.prepare(rows, pad_to=bucket)
+        forward = lambda: self.model(input_ids, positions, meta, self.kv_cache)  # noqa: E731
+        if bucket is None:
+            hidden = forward()
+        else:
+            inputs = (input_ids, positions, meta.slot_mapping, meta.decode_seq_lens, meta.decode_block_tables)
+            hidden = self.graphs.run(bucket, forward, tuple(t.data_ptr() for t in inputs))
         if not logit_rows:
             return seqs, None
-        return seqs, self.model.compute_logits(hidden.index_select(0, self._tensor(logit_rows)))
+        index = meta.logit_index if meta.logit_index is not None else self._tensor(logit_rows)
+        return seqs, self.model.compute_logits(hidden.index_select(0, index))
