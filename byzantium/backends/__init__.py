@@ -6,9 +6,14 @@
     pool.close()
 
     pool = LLMPool("openai", base_url="http://127.0.0.1:8000")   # models a server serves, by its names
+    with LLMPool("native", ray="HOST:6379", ray_replicas=4) as pool:   # replicas as Ray actors (ray_engines)
+        ...
 
-Each distinct model is loaded once per pool and shared by every agent that names it.
+Each distinct model is loaded once per pool and shared by every agent that names it. A Ray pool's
+placement (which instance runs on which replica) is in scope for the runs started inside its `with`
+block: the experiment runner finds it there (current_placement), so experiments need not pass it.
 """
+import contextvars
 import os
 
 from ..engine.loader import DEFAULT_MODEL, resolve_model
@@ -17,6 +22,12 @@ from .params import SamplingParams
 
 BACKENDS = ("native", "hf", "openai")
 LOCAL_BACKENDS = ("native", "hf")  # the ones that load the model here (openai: a server has it)
+PLACEMENT = contextvars.ContextVar("byzantium_placement", default=None)
+
+
+def current_placement():
+    """The placement of the Ray pool whose `with` block we are in (None: one process, no replicas)."""
+    return PLACEMENT.get()
 
 
 def _check_backend(backend):
@@ -95,17 +106,31 @@ class LLMPool:
     tokens each; or `shares`, {model: fraction of the device}); each engine then plans its KV cache in
     its share (Engine(memory_fraction=...))."""
 
-    def __init__(self, backend="native", memory_fraction=None, **kwargs):
+    def __init__(self, backend="native", memory_fraction=None, ray=None, ray_replicas=None, ray_gpus_per_replica=None,
+                 **kwargs):
+        """ray: None (this process), True (a local Ray instance) or a cluster's address: each model then
+        runs as `ray_replicas` engines (Ray actors, `ray_gpus_per_replica` GPUs each; see ray_engines)."""
         _check_backend(backend)
         if memory_fraction is not None and not 0 < memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
         self.backend, self.kwargs, self.memory_fraction = backend, kwargs, memory_fraction
         self._llms = {}  # resolved model directory -> LLM
         self.shares = {}  # resolved model directory -> its engine's memory_fraction (after plan)
+        self.placement, self._scope = None, None
+        if ray is not None and ray is not False:
+            _check_ray(backend, ray_replicas, ray_gpus_per_replica)
+            if kwargs.get("profile"):
+                raise ValueError("`byzantium profile` profiles engines in this process; run it without --ray")
+            from .ray_engines import Placement
+            self.placement = Placement(None if ray is True else str(ray), ray_replicas, ray_gpus_per_replica)
 
     def plan(self, models, shares=None):
         """Split the device between the native models this pool will hold (before any of them loads).
-        On CPU only with a memory_fraction or shares (the KV pool's pages cost nothing until written)."""
+        On CPU only with a memory_fraction or shares (the KV pool's pages cost nothing until written).
+        On Ray each replica has its own GPU share (ray_gpus_per_replica); the models' count sizes the pool."""
+        if self.placement is not None:
+            self.placement.plan(models)
+            return self.shares
         if self.backend != "native" or any(k in self.kwargs for k in ("num_blocks", "kv_cache_gib", "memory_fraction")):
             return self.shares
         from ..engine.engine import resolve_device, resolve_dtype
@@ -148,7 +173,11 @@ class LLMPool:
                 kwargs = {**kwargs, "memory_fraction": self.shares[model_dir]}
             elif self.memory_fraction is not None and self.backend == "native":
                 kwargs = {**kwargs, "memory_fraction": self.memory_fraction}
-            self._llms[model_dir] = _build(self.backend, model_dir, str(model or DEFAULT_MODEL), kwargs)
+            if self.placement is not None:
+                self._llms[model_dir] = self.placement.add(str(model or DEFAULT_MODEL), str(model or DEFAULT_MODEL),
+                                                           kwargs)
+            else:
+                self._llms[model_dir] = _build(self.backend, model_dir, str(model or DEFAULT_MODEL), kwargs)
         return self._llms[model_dir]
 
     @property
@@ -159,12 +188,31 @@ class LLMPool:
         for llm in self._llms.values():
             llm.close()
         self._llms.clear()
+        if self.placement is not None:
+            self.placement.close()  # stops Ray when this pool started it
 
     def __enter__(self):
+        if self.placement is not None:
+            self._scope = PLACEMENT.set(self.placement)  # runs started inside find it (current_placement)
         return self
 
     def __exit__(self, *exc):
+        if self._scope is not None:
+            PLACEMENT.reset(self._scope)
+            self._scope = None
         self.close()
+
+
+def _check_ray(backend, replicas, gpus_per_replica):
+    import importlib.util
+    if backend != "native":
+        raise ValueError(f"--ray runs this engine's replicas as Ray actors (--backend native), not --backend {backend}")
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("--ray needs Ray: pip install 'byzantium[ray]'")
+    if replicas is not None and replicas < 1:
+        raise ValueError(f"--ray-replicas must be >= 1, got {replicas}")
+    if gpus_per_replica is not None and not 0 <= gpus_per_replica <= 1:
+        raise ValueError(f"--ray-gpus-per-replica must be in [0, 1] (an engine runs on one GPU), got {gpus_per_replica}")
 
 
 # -- a run's flags (the CLI's `run` methods, `run resilience`) ---------------------------------------------
@@ -177,14 +225,33 @@ def add_backend_args(ap):
                     help="--backend openai: the server, e.g. http://127.0.0.1:8000 (a URL without a path: its /v1)")
     ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
                     help="--backend openai: the environment variable holding the API key (default OPENAI_API_KEY)")
+    ap.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                    help="run each model as replicas on Ray (pip install 'byzantium[ray]'): at ADDRESS (a cluster, "
+                         "e.g. HOST:6379), or without one on a local Ray instance. Each problem runs on one replica; "
+                         "--concurrency then counts problems in flight per replica")
+    ap.add_argument("--ray-replicas", type=int, default=None, metavar="N",
+                    help="--ray: replicas per model (default: as many as the cluster's GPUs fit; on CPU 1)")
+    ap.add_argument("--ray-gpus-per-replica", type=float, default=None, metavar="F",
+                    help="--ray: GPUs per replica, a fraction to share a GPU between small models "
+                         "(default 1 on a cluster with GPUs, else 0)")
 
 
 def pool_kwargs(args) -> dict:
-    """LLMPool's kwargs from a run's flags: the engine's (native, hf) or the server's (openai)."""
+    """LLMPool's kwargs from a run's flags: the engine's (native, hf) or the server's (openai); and Ray's."""
+    ray = getattr(args, "ray", None)
+    if ray is None:
+        for flag in ("ray_replicas", "ray_gpus_per_replica"):
+            if getattr(args, flag, None) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} is for --ray")
+    else:
+        _check_ray(args.backend, args.ray_replicas, args.ray_gpus_per_replica)  # before anything loads
     if args.backend != "openai":
         if getattr(args, "base_url", None) is not None:
             raise ValueError("--base-url is for --backend openai")
-        return {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+        kwargs = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+        if ray is not None:
+            kwargs.update(ray=ray, ray_replicas=args.ray_replicas, ray_gpus_per_replica=args.ray_gpus_per_replica)
+        return kwargs
     if not getattr(args, "base_url", None):
         raise ValueError("--backend openai needs --base-url URL (the server, e.g. http://127.0.0.1:8000)")
     name = args.api_key_env or "OPENAI_API_KEY"
@@ -204,5 +271,6 @@ def check_models(args, names):
         check_model(name)
 
 
-__all__ = ["BACKENDS", "LOCAL_BACKENDS", "LLM", "Completion", "LLMPool", "SamplingParams", "add_backend_args",
-           "check_model", "check_models", "check_openai_models", "load_llm", "pool_kwargs"]
+__all__ = ["BACKENDS", "LOCAL_BACKENDS", "LLM", "Completion", "LLMPool", "PLACEMENT", "SamplingParams",
+           "add_backend_args", "check_model", "check_models", "check_openai_models", "current_placement", "load_llm",
+           "pool_kwargs"]

@@ -21,6 +21,25 @@ from ..engine.chat import plain_text_ids, render_chat
 from .params import SamplingParams
 
 
+class TokenSession:
+    """A session kept as its token ids on the caller's side (backends without the engine's KV sessions);
+    subclasses add where the rest of it lives."""
+
+    def __init__(self, ids):
+        self.ids, self.closed = list(ids), False
+
+    @property
+    def token_ids(self):
+        return list(self.ids)  # a copy, like the engine's Session
+
+    @property
+    def num_tokens(self):
+        return len(self.ids)
+
+    def __repr__(self):
+        return f"{type(self).__name__}(tokens={len(self.ids)}, closed={self.closed})"
+
+
 @dataclass
 class Completion:
     text: str  # decoded without special tokens, cut before a matched stop string
@@ -37,6 +56,9 @@ class LLM(ABC):
     name: str  # the model name it was loaded under
     tokenizer: object  # a transformers tokenizer, or None (random test models: prompts as token ids)
     model_dir: object  # the resolved model directory
+    # apply_chat_template's extra variables for every chat this model renders, e.g. {"enable_thinking":
+    # False} for Qwen3 as the SAC paper ran it (an experiment file's [models."name"]); set per instance
+    chat_template_kwargs: dict = {}
 
     # -- what implementations provide ------------------------------------------------------------------
     @abstractmethod
@@ -129,7 +151,7 @@ class LLM(ABC):
 
     def render_chat(self, messages, untrusted: bool = False, add_generation_prompt: bool = True) -> list[int]:
         return render_chat(self._need_tokenizer(), messages, add_generation_prompt=add_generation_prompt,
-                           untrusted=untrusted)
+                           untrusted=untrusted, **self.chat_template_kwargs)
 
     def count_tokens(self, prompt) -> int:
         return len(self.prompt_ids(prompt))

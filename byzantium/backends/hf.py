@@ -18,25 +18,11 @@ from ..engine.engine import _generation_config, resolve_device, resolve_dtype
 from ..engine.loader import load_tokenizer
 from ..engine.sampling import make_generator, sample
 from .params import SamplingParams
-from .base import LLM, Completion
+from .base import LLM, Completion, TokenSession
 
 
-class HFSession:
-    """A session of the hf backend: just its tokens (read as a copy, like the engine's Session)."""
-
-    def __init__(self, ids):
-        self.ids, self.closed = list(ids), False
-
-    @property
-    def token_ids(self):
-        return list(self.ids)
-
-    @property
-    def num_tokens(self):
-        return len(self.ids)
-
-    def __repr__(self):
-        return f"HFSession(tokens={len(self.ids)}, closed={self.closed})"
+class HFSession(TokenSession):
+    """A session of the hf backend: just its tokens."""
 
 
 def _zero_stats():

@@ -38,7 +38,7 @@ import torch
 
 from ..engine.chat import render_chat
 from ..engine.loader import _HUB_ID, load_tokenizer, resolve_model
-from .base import LLM, Completion
+from .base import LLM, Completion, TokenSession
 from .params import SamplingParams
 
 TOP_LOGPROBS = 20  # the most vLLM returns by default (its max_logprobs)
@@ -79,19 +79,12 @@ def load_openai_tokenizer(model, tokenizer="auto"):
         raise ValueError(f"cannot load the tokenizer {name!r}: {error}") from error
 
 
-class OpenAISession:
+class OpenAISession(TokenSession):
     """A session of the openai backend: its token ids, and the server's session id when it keeps one."""
 
     def __init__(self, ids, remote=None):
-        self.ids, self.remote, self.closed = list(ids), remote, False
-
-    @property
-    def token_ids(self):
-        return list(self.ids)
-
-    @property
-    def num_tokens(self):
-        return len(self.ids)
+        super().__init__(ids)
+        self.remote = remote
 
     def __repr__(self):
         return f"OpenAISession(tokens={len(self.ids)}, remote={self.remote}, closed={self.closed})"

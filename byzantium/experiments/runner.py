@@ -14,6 +14,12 @@ An instance whose `solve` raises does not end the run: its line is an error row,
 `{"id": ..., "error": {"type", "message", "traceback"}}`, the others go on, and summary.json counts
 it (`errors`, `failed`) but `summarize` never sees it. A rerun with the same OUT runs it again and
 replaces its row. Ctrl-C (KeyboardInterrupt) and cancellation still stop the run.
+
+On replicas (a Ray pool's placement: `placement=`, or the pool whose `with` block the run starts in),
+each instance is bound to one replica of each model for its whole life (its sessions live there): the
+one with the fewest instances in flight, up to `concurrency` per replica. An instance whose replica
+died runs again on another (at most MAX_ATTEMPTS times); summary.json's "ray" says which replica ran
+how many instances and how many were retried. Rows are the same wherever an instance ran.
 """
 import asyncio
 import dataclasses
@@ -26,6 +32,7 @@ import traceback
 from pathlib import Path
 
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
+MAX_ATTEMPTS = 3  # runs of one instance on replicas that keep dying, before it becomes an error row
 
 
 def to_json(value):
@@ -124,13 +131,66 @@ def _tokens(stats):
         return 0
 
 
-async def run_async(items, solve, out, key=None, concurrency=64, stats=None, desc="instances", progress=True):
+class Placed:
+    """The run's side of a placement (replicas): binds each instance, runs it again when a replica it was
+    bound to died, and counts what each replica ran in this run (for progress and summary.json)."""
+
+    def __init__(self, placement, concurrency):
+        self.placement, self.concurrency = placement, concurrency
+        self.ran, self.retried = {}, set()  # replica id -> instances finished on it; ids run again
+        self.start, self.tokens0 = time.perf_counter(), placement.tokens()
+
+    async def run(self, solve, item, i, say):
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            binding = await self.placement.acquire(self.concurrency)
+            try:
+                with binding.active():
+                    result = await solve(item)
+                error = None
+            except Exception as exc:
+                error = exc
+            finally:
+                self.placement.release(binding)
+            if not binding.lost:  # a result, or an error of the instance itself
+                if error is not None:
+                    raise error
+                for r in binding.replicas.values():
+                    self.ran[r.id] = self.ran.get(r.id, 0) + 1
+                return result
+            # its replica died: even a result is not trusted (a protocol may have swallowed the error)
+            if attempt == MAX_ATTEMPTS:
+                raise error or RuntimeError(f"instance {i}: its replicas died {MAX_ATTEMPTS} times")
+            self.retried.add(i)
+            say(f"byzantium: instance {i} lost its replica; running it again (attempt {attempt + 1})")
+
+    def postfix(self):
+        """Instances/s and generated tokens/s per replica."""
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        tokens = self.placement.tokens()
+        return " | ".join(f"{r.id}{'' if r.alive else ' (dead)'} {self.ran.get(r.id, 0) / seconds:.2f} inst/s "
+                          f"{(tokens[r.id] - self.tokens0.get(r.id, 0)) / seconds:.1f} tok/s"
+                          for r in self.placement.replica_list() if r.alive or self.ran.get(r.id))
+
+    def report(self):
+        return {self.placement.name: {
+            "replicas": [{"id": r.id, "model": r.llm.name, "node": r.node, "ip": r.ip, "alive": r.alive,
+                          "instances": self.ran.get(r.id, 0)} for r in self.placement.replica_list()],
+            "retried_instances": len(self.retried)}}
+
+
+async def run_async(items, solve, out, key=None, concurrency=64, stats=None, desc="instances", progress=True,
+                    placement=None, report=None):
     """Run `solve` over the items not yet in OUT (or whose row is an error); returns (records before,
-    rows added now, error rows included)."""
+    rows added now, error rows included). placement: replicas to bind instances to (default: the Ray
+    pool's in scope, if any); report: a dict that receives the placement's report."""
     from tqdm.auto import tqdm
+
+    from ..backends import current_placement
 
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    placement = placement if placement is not None else current_placement()
+    placed = Placed(placement, concurrency) if placement is not None else None
     key = key or (lambda item: item.id)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +211,7 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
 
     def tick():
         rate = (_tokens(stats) - tokens0) / max(time.perf_counter() - start, 1e-9)
-        bar.set_postfix_str(f"{rate:.1f} gen tok/s", refresh=False)
+        bar.set_postfix_str(f"{rate:.1f} gen tok/s" + (f"; {placed.postfix()}" if placed else ""), refresh=False)
         bar.refresh()
 
     async def ticker():  # keeps tokens/s moving while long instances run
@@ -163,8 +223,11 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
 
     async def one(i, item, f):
         try:
-            async with limit:
-                result = await solve(item)
+            if placed is not None:  # its limit is per replica
+                result = await placed.run(solve, item, i, lambda text: bar.write(text, file=sys.stderr))
+            else:
+                async with limit:
+                    result = await solve(item)
             record = {"id": i, **{k: v for k, v in to_json(result).items() if k != "id"}}
         except Exception as exc:  # one bad instance is a row; Ctrl-C and cancellation are no Exception: they stop
             record = error_record(i, exc)
@@ -189,11 +252,13 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
         if ticking:
             ticking.cancel()
         bar.close()
+        if placed is not None and report is not None:
+            report.update(placed.report())
     return done, added
 
 
 def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summarize=None, config=None,
-                  desc="instances", progress=True):
+                  desc="instances", progress=True, placement=None):
     """Synchronous entry point; writes OUT/summary.json and returns every result (old and new; error
     rows left out: summary.json counts them as `errors` and lists their ids as `failed`).
 
@@ -202,8 +267,10 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
     check_resume(out, config)
     start = time.perf_counter()
     complete = False
+    placed = {}  # the placement's report (replicas, retries), when there is one
     try:
-        done, added = asyncio.run(run_async(items, solve, out, key, concurrency, stats, desc, progress))
+        done, added = asyncio.run(run_async(items, solve, out, key, concurrency, stats, desc, progress, placement,
+                                            placed))
         complete = True
     except KeyboardInterrupt:
         print(f"\nbyzantium: interrupted; finished instances are in {Path(out) / RESULTS}; "
@@ -216,7 +283,7 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
         summary = dict(summarize(records)) if summarize else {}
         summary.update(config=config, instances=len(records), errors=len(failed), failed=failed, total=len(items),
                        complete=complete and len(records) == len(items),
-                       seconds=time.perf_counter() - start)
+                       seconds=time.perf_counter() - start, **placed)
         write_summary(out, summary)
     if failed:
         print(f"byzantium: {len(failed)} of {len(items)} instances failed ({', '.join(failed[:5])}"
@@ -225,5 +292,5 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
     return records
 
 
-__all__ = ["RESULTS", "SUMMARY", "to_json", "read_results", "is_error", "split_errors", "error_record",
+__all__ = ["RESULTS", "SUMMARY", "MAX_ATTEMPTS", "Placed", "to_json", "read_results", "is_error", "split_errors", "error_record",
            "write_summary", "check_resume", "run_async", "run_instances"]
