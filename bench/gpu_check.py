@@ -164,13 +164,10 @@ def engine_section(device, dtype, shape, batches, prompt_len, gen, backend, copy
         base = dict(model=directory, device=str(device), dtype=dtype, attention_backend=backend, block_size=16,
                     num_blocks=num_blocks, max_num_seqs=max(batches), max_batch_tokens=max(8192, max(batches)),
                     max_model_len=prompt_len + gen + 16)
-        variants = [("eager", {})]
-        params = inspect.signature(Engine).parameters
-        # CUDA graphs for decode (nano-vllm style), measured as well when the engine offers them.
-        for name, on in (("cuda_graphs", True), ("use_cuda_graphs", True), ("enforce_eager", False)):
-            if name in params and device.type == "cuda":
-                variants.append(("cuda graphs", {name: on}))
-                break
+        # Decode with and without CUDA graphs (enforce_eager=True turns them off; CPU engines are eager).
+        variants = [("eager", {"enforce_eager": True})]
+        if device.type == "cuda":
+            variants.append(("cuda graphs", {"enforce_eager": False}))
         gen_rng = torch.Generator().manual_seed(0)
         for label, extra in variants:
             engine = Engine(**_accepted(Engine, {**base, **extra}))

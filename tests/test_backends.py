@@ -147,6 +147,31 @@ def test_bad_backend_and_model_fail_before_loading(monkeypatch):
     assert pool.llms == []
 
 
+def test_memory_and_eager_flags_reach_the_engines(tiny_llama):
+    import argparse
+
+    from byzantium.backends import add_backend_args, pool_kwargs
+    ap = argparse.ArgumentParser()
+    add_backend_args(ap)
+    ap.add_argument("--device")
+    ap.add_argument("--dtype")
+
+    def kwargs(*argv):
+        return pool_kwargs(ap.parse_args(list(argv)))
+
+    assert kwargs() == {}
+    assert kwargs("--memory-fraction", "0.5", "--enforce-eager") == {"memory_fraction": 0.5, "enforce_eager": True}
+    for argv, message in ((("--memory-fraction", "1.5"), "must be in"), (("--memory-fraction", "0"), "must be in"),
+                          (("--backend", "hf", "--enforce-eager"), "for --backend native"),
+                          (("--backend", "openai", "--base-url", "http://x", "--memory-fraction", "0.5"),
+                           "for --backend native")):
+        with pytest.raises(ValueError, match=message):
+            kwargs(*argv)
+    _, path = tiny_llama
+    with LLMPool(backend="native", **kwargs("--enforce-eager", "--device", "cpu")) as pool:
+        assert pool.get(str(path)).engine.engine.enforce_eager
+
+
 def test_tokenizerless_model_errors_and_same_tokenizer(tiny):
     with pytest.raises(ValueError, match="no tokenizer"):
         run(tiny["hf"].generate("some text"))

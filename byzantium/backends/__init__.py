@@ -225,6 +225,12 @@ def add_backend_args(ap):
                     help="--backend openai: the server, e.g. http://127.0.0.1:8000 (a URL without a path: its /v1)")
     ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
                     help="--backend openai: the environment variable holding the API key (default OPENAI_API_KEY)")
+    ap.add_argument("--memory-fraction", type=float, default=None, metavar="F",
+                    help="native: the share of the device the run's engines use in all, weights, activations and KV "
+                         "(vLLM's --gpu-memory-utilization; default 0.9 of a GPU; on CPU the KV pool is sized from "
+                         "the run and capped by a share of RAM)")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="native on CUDA: decode without CUDA graphs (CPU engines are always eager)")
     ap.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                     help="run each model as replicas on Ray (pip install 'byzantium[ray]'): at ADDRESS (a cluster, "
                          "e.g. HOST:6379), or without one on a local Ray instance. Each problem runs on one replica; "
@@ -249,9 +255,21 @@ def pool_kwargs(args) -> dict:
         if getattr(args, "base_url", None) is not None:
             raise ValueError("--base-url is for --backend openai")
         kwargs = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+        fraction, eager = getattr(args, "memory_fraction", None), getattr(args, "enforce_eager", False)
+        if args.backend != "native" and (fraction is not None or eager):
+            raise ValueError(f"--memory-fraction and --enforce-eager are for --backend native, not {args.backend}")
+        if fraction is not None:
+            if not 0 < fraction <= 1:
+                raise ValueError(f"--memory-fraction must be in (0, 1], got {fraction}")
+            kwargs["memory_fraction"] = fraction
+        if eager:
+            kwargs["enforce_eager"] = True
         if ray is not None:
             kwargs.update(ray=ray, ray_replicas=args.ray_replicas, ray_gpus_per_replica=args.ray_gpus_per_replica)
         return kwargs
+    for flag in ("memory_fraction", "enforce_eager"):
+        if getattr(args, flag, None) not in (None, False):
+            raise ValueError(f"--{flag.replace('_', '-')} is for --backend native: the server plans its own memory")
     if not getattr(args, "base_url", None):
         raise ValueError("--backend openai needs --base-url URL (the server, e.g. http://127.0.0.1:8000)")
     name = args.api_key_env or "OPENAI_API_KEY"

@@ -154,7 +154,8 @@ class Engine:
         self.activations_bytes = activations
         weights = self.memory["weights_bytes"]
         if self.device.type == "cuda":
-            self.kv_cache = None
+            # The warm-up's pool and everything holding it (runner buffers, graphs) go before measuring.
+            self.kv_cache = self.runner = self.block_manager = self.scheduler = None
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
         else:
