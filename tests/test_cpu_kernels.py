@@ -40,12 +40,14 @@ def test_panel_linear_non_contiguous_input_and_bad_calls():
         ext.panel_linear(torch.randn(1, 64), panels, torch.randn(30), 30)
 
 
-def test_engine_packs_its_linears_into_panels(tiny_llama):
+def test_engine_packs_its_linears_on_the_chosen_kernels(tiny_llama):
     from byzantium import Engine, SamplingParams
     from byzantium.engine.models.packed import PackedLinear
     engine = Engine(tiny_llama[1], num_blocks=64)
     layer = engine.model.model.layers[0].mlp.down_proj
-    assert isinstance(layer, PackedLinear) and layer.kernels is ext and layer.packed.dim() == 3
+    chosen = engine.describe()["linear_kernels"][f"{layer.in_features}x{layer.out_features}"]
+    assert isinstance(layer, PackedLinear) and {k.name for k in layer.kernels.values()} == set(chosen.values())
+    assert chosen.keys() == {"decode", "prefill"} and set(chosen.values()) <= {"panels", "onednn"}
     x = torch.randn(3, layer.in_features)
     plain = Engine(tiny_llama[1], num_blocks=64, cpu_packed_linears=False)
     reference = plain.model.model.layers[0].mlp.down_proj
@@ -53,7 +55,7 @@ def test_engine_packs_its_linears_into_panels(tiny_llama):
     torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
     # Without the compiled kernels: oneDNN's packing and the torch attention, the same tokens.
     off = Engine(tiny_llama[1], num_blocks=64, cpu_kernels=False)
-    assert off.model.model.layers[0].mlp.down_proj.kernels is None
+    assert {k.name for k in off.model.model.layers[0].mlp.down_proj.kernels.values()} == {"onednn"}
     from byzantium.kernels import reference as torch_attention
     assert off.runner.ops is torch_attention
     prompts = [[5, 6, 7, 8, 9], list(range(10, 40))] * 6  # 12 rows

@@ -16,7 +16,7 @@ from .loader import iter_safetensors, load_tokenizer, resolve_model
 from .memory import CPU_KV_RAM_SHARE, DEFAULT_MEMORY_FRACTION, kv_blocks, physical_memory
 from .models import model_class
 from ..kernels import backend_name, cpu_ext, warn_once
-from .models.packed import pack_linears, packing_available
+from .models.packed import linear_phase, pack_linears, packing_available
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample
 from .device_sampling import sample as device_sample
@@ -202,15 +202,19 @@ class Engine:
         model = model.to(self.dtype).to_empty(device=self.device)
         model.init_buffers(self.device)  # what to_empty left uninitialised: rope tables, tied weights
         model.load_weights(iter_safetensors(model_dir, self.device))  # one tensor at a time, straight to the device
-        self.linear_kernels = "torch"
+        # Linears: "torch", or {"INxOUT": {"decode": kernel, "prefill": kernel}} as measured on this CPU.
+        self.linear_kernels, self.linear_timings = "torch", {}
         if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype == torch.float32:
             kernels = cpu_ext.load() if self.cpu_kernels else None  # load() logs why it is None
-            if kernels is not None or packing_available(self.device, self.dtype):
-                pack_linears(model, kernels)
-                self.linear_kernels = "cpu-panels" if kernels is not None else "onednn"
+            onednn = packing_available(self.device, self.dtype)
+            if kernels is not None or onednn:
+                self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn)
             else:
                 warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
                           "the linears are plain torch (slower on the CPU)")
+        # Where a shape's decode and prefill kernels differ, a step runs its phases as two passes.
+        self.split_phases = isinstance(self.linear_kernels, dict) and any(
+            len(set(choice.values())) > 1 for choice in self.linear_kernels.values())
         return model.eval()
 
     def describe(self):
@@ -380,15 +384,19 @@ class Engine:
         return ended
 
     def _execute(self, rows):
-        """The step's forward pass: one fused pass; with profiling on and both phases present, the prefill
-        rows then the decode rows, each pass timed. Returns (seqs, logits, failed, phase_seconds)."""
+        """The step's forward pass: one fused pass; with both phases present and profiling on (each pass
+        timed) or phase-specific linear kernels, the prefill rows then the decode rows. Returns (seqs,
+        logits, failed, phase_seconds)."""
         phases = {"prefill": [r for r in rows if r.phase == "prefill"], "decode": [r for r in rows if r.phase == "decode"]}
-        split = self.profile and all(phases.values())
-        seqs, logits, failed, phase_seconds = [], [], {}, {} if split else None
-        for phase, part in (phases.items() if split else [(None, rows)]):
-            begin = self._clock() if split else 0.0
-            part_seqs, part_logits, part_failed = self._forward(part)
-            if split:
+        split = (self.profile or self.split_phases) and all(phases.values())
+        timed = self.profile and split
+        seqs, logits, failed, phase_seconds = [], [], {}, {} if timed else None
+        passes = phases.items() if split else [("prefill" if phases["prefill"] else "decode", rows)]
+        for phase, part in passes:
+            begin = self._clock() if timed else 0.0
+            with linear_phase(phase):
+                part_seqs, part_logits, part_failed = self._forward(part)
+            if timed:
                 phase_seconds[phase] = self._clock() - begin
             seqs += part_seqs
             logits += part_logits

@@ -1,19 +1,29 @@
-"""CPU fp32 linears with their weights repacked once at load time, for kernels that beat `F.linear` here.
+"""CPU fp32 linears with their weights repacked once at load time, each shape on the kernel that measured
+fastest on this machine for each phase of a step (kernels/linear_choice.py).
 
-- Byzantium's panel GEMM (kernels/cpu_gemm.cpp), when the CPU kernels build: the weight as panels of 16
-  output columns, one kernel for every batch size. Measured on our 2-core machines with the weights
-  streamed from memory as a decode step does (`python bench/kernel_bench.py --cpu`): 1.9-2.1x oneDNN at
-  1-8 rows, 1.3-1.6x at 16-32, 1.25x at 64, and oneDNN's speed at prefill sizes.
-- Otherwise oneDNN's prepacked weights (the path torch.compile's CPU freezing takes): 14 GB/s at batch 1
-  where `F.linear` reaches 9, 75 vs 58 GFLOP/s at batch 32.
-
-Either way only the packed layout is kept (a tied lm_head's weight still lives on as the embedding).
+The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, when the CPU kernels build) and oneDNN's
+prepacked weights (the path torch.compile's CPU freezing takes). A shape whose decode and prefill winners
+differ keeps both layouts, and the engine then runs a step's prefill rows and decode rows as two forward
+passes (`linear_phase` says which one is running), so every token goes through the same kernel whatever
+batch it is in. Only the packed layouts are kept (a tied lm_head's weight still lives on as the embedding).
 """
+import contextlib
+
 import torch
 from torch import nn
 
-BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
-PANEL = 16  # output columns per panel of cpu_gemm.cpp
+from ...kernels.linear_choice import PHASES, Panels, candidates, choose
+
+_phase = ["decode"]  # the phase of the forward pass running now (engine.py sets it around each pass)
+
+
+@contextlib.contextmanager
+def linear_phase(phase):
+    previous, _phase[0] = _phase[0], phase
+    try:
+        yield
+    finally:
+        _phase[0] = previous
 
 
 def packing_available(device, dtype):
@@ -21,7 +31,7 @@ def packing_available(device, dtype):
     if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return False
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4), BATCH_HINT)
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4), 32)
         out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), packed, None, "none", [], "")
         return bool(torch.all(out == 4))
     except (AttributeError, RuntimeError):  # private ops: absent or broken on some builds
@@ -29,35 +39,50 @@ def packing_available(device, dtype):
 
 
 class PackedLinear(nn.Module):
-    """`kernels`: the compiled CPU kernels (kernels.cpu_ext.load()) for panels, or None for oneDNN."""
+    """A linear whose weight is packed for the kernel of each phase ({phase: Candidate})."""
 
-    def __init__(self, linear, kernels=None):
+    def __init__(self, linear, kernel_by_phase):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
-        self.kernels = kernels
-        if kernels is not None:
-            self.packed = kernels.pack_panels(weight)  # [ceil(N / 16), K, 16]
-            if bias is not None:  # padded to whole panels, as panel_linear reads them
-                bias = torch.cat([bias, bias.new_zeros(self.packed.shape[0] * PANEL - self.out_features)])
-        else:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
-        self.bias = bias
+        self.kernels, self.packed, self.biases = {}, {}, {}
+        layouts = {}  # candidate name -> (packed, bias): one layout per distinct kernel
+        for phase, kernel in kernel_by_phase.items():
+            if kernel.name not in layouts:
+                packed = kernel.pack(weight)
+                padded = kernel.pad_bias(bias, packed, self.out_features) if bias is not None and isinstance(
+                    kernel, Panels) else bias
+                layouts[kernel.name] = (packed, padded)
+            self.kernels[phase] = kernel
+            self.packed[phase], self.biases[phase] = layouts[kernel.name]
 
     def forward(self, x):
+        phase = _phase[0]
         rows = x.reshape(-1, self.in_features)
-        if self.kernels is not None:
-            y = self.kernels.panel_linear(rows, self.packed, self.bias, self.out_features)
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
 
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}, " + ", ".join(
+            f"{phase}={kernel.name}" for phase, kernel in self.kernels.items())
 
-def pack_linears(model, kernels=None):
-    """Replace every nn.Linear of `model` by a PackedLinear (call after the weights are loaded)."""
+
+def pack_linears(model, kernels=None, onednn=True):
+    """Replace every nn.Linear of `model` by a PackedLinear on the kernels chosen for its shape (call after
+    the weights are loaded). Returns ({"INxOUT": {phase: name}}, {shape: measured seconds}); ({}, {}) when
+    no candidate is available here (the linears stay plain torch)."""
+    available = candidates(kernels, onednn)
     linears = [(module, name, child) for module in model.modules() for name, child in module.named_children()
                if isinstance(child, nn.Linear)]
+    by_shape = {}
+    for _, _, child in linears:
+        by_shape.setdefault((child.in_features, child.out_features), []).append(child.weight.detach())
+    choices, measured = choose(by_shape, available)
+    if not choices:
+        return {}, {}
+    named = {c.name: c for c in available}
     for module, name, child in linears:
-        setattr(module, name, PackedLinear(child, kernels))
-    return model
+        chosen = choices[(child.in_features, child.out_features)]
+        setattr(module, name, PackedLinear(child, {phase: named[chosen[phase]] for phase in PHASES}))
+    return {f"{k}x{n}": dict(choice) for (k, n), choice in choices.items()}, measured

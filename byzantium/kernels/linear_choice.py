@@ -1,0 +1,188 @@
+"""Which CPU linear kernel runs each weight shape, chosen by timing the candidates on this machine.
+
+A kernel tuned on one CPU can lose on another (a hand-written AVX2 GEMM beats oneDNN for decode rows on
+a machine without AVX-512 and loses to it at prefill on one with AVX-512), so nothing here is a constant:
+for each (in_features, out_features) shape of a model and each phase of a step, the candidates are timed
+once per machine and the winner is cached in $BYZANTIUM_CACHE/linear_choice.json, keyed by the CPU, the
+thread count and the torch version.
+
+The buckets are the two phases, not row counts: decode rows (one token per request, timed at 1, 8 and 32
+rows with the weights streamed from memory) and prefill rows (timed at PREFILL_ROWS rows). Switching
+kernels by the number of rows in a call would make a request's numbers depend on the batch it lands in;
+a phase is a property of the token itself. Only candidates whose output row does not depend on how many
+rows share the call are admitted (checked here, per shape), so tokens stay batch-independent.
+"""
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from ..paths import cache_root
+
+PHASES = ("decode", "prefill")
+DECODE_ROWS = (1, 8, 32)
+PREFILL_ROWS = 256
+STREAM_BYTES = 96 * 2**20  # decode timing cycles through this many weight bytes: more than a CPU's caches
+BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
+
+
+class Candidate:
+    """One linear kernel: `pack(weight)` once, then `run(rows, packed, bias, out_features)`."""
+    name = ""
+
+    def pack(self, weight):
+        raise NotImplementedError
+
+    def run(self, rows, packed, bias, out_features):
+        raise NotImplementedError
+
+
+class Panels(Candidate):
+    """Byzantium's panel GEMM (kernels/cpu_gemm.cpp): weights as panels of 16 output columns."""
+    name = "panels"
+    PANEL = 16
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def pack(self, weight):
+        return self.kernels.pack_panels(weight)
+
+    def pad_bias(self, bias, packed, out_features):  # panel_linear reads the bias in whole panels
+        return torch.cat([bias, bias.new_zeros(packed.shape[0] * self.PANEL - out_features)])
+
+    def run(self, rows, packed, bias, out_features):
+        return self.kernels.panel_linear(rows, packed, bias, out_features)
+
+
+class OneDNN(Candidate):
+    """oneDNN's prepacked weights (the path torch.compile's CPU freezing takes)."""
+    name = "onednn"
+
+    def pack(self, weight):
+        return torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
+
+    def run(self, rows, packed, bias, out_features):
+        if rows.shape[0] == 1:  # oneDNN's one-row path rounds differently from its many-row one on some shapes
+            return torch.ops.mkldnn._linear_pointwise(rows.expand(2, -1), packed, bias, "none", [], "")[:1]
+        return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+
+def candidates(kernels, onednn):
+    """The kernels available here: the panel GEMM when the CPU kernels built, oneDNN when its packing works."""
+    return [c for c, ok in ((Panels(kernels), kernels is not None), (OneDNN(), onednn)) if ok]
+
+
+def cpu_name():
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_key():
+    return f"{cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def batch_invariant(candidate, weight, generator):
+    """Whether each output row is bitwise the same whatever the number of rows in the call."""
+    rows = torch.randn(40, weight.shape[1], generator=generator)
+    packed = candidate.pack(weight)
+    full = candidate.run(rows, packed, None, weight.shape[0])
+    return all(torch.equal(candidate.run(rows[:m], packed, None, weight.shape[0]), full[:m]) for m in (1, 2, 3, 8, 17))
+
+
+def _seconds(fn, repeats):
+    fn()  # warm-up: first-touch, oneDNN primitive creation
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def time_shape(candidate, weights, in_features, generator):
+    """{phase: seconds} of `candidate` on this shape: decode rows over weights streamed from memory (the
+    first `weights` cycled up to STREAM_BYTES), prefill rows on one weight (compute-bound)."""
+    per_weight = weights[0].numel() * weights[0].element_size()
+    copies = max(1, min(64, STREAM_BYTES // per_weight))
+    packed = [candidate.pack(weights[i % len(weights)].clone()) for i in range(copies)]  # distinct buffers
+    out = weights[0].shape[0]
+    decode = 0.0
+    for m in DECODE_ROWS:
+        x = torch.randn(m, in_features, generator=generator)
+        decode += _seconds(lambda: [candidate.run(x, p, None, out) for p in packed], 3) / copies
+    x = torch.randn(PREFILL_ROWS, in_features, generator=generator)
+    prefill = _seconds(lambda: candidate.run(x, packed[0], None, out), 3)
+    return {"decode": decode, "prefill": prefill}
+
+
+@contextlib.contextmanager
+def _locked_cache():
+    """The cache file's contents, read and written under an exclusive lock: processes that start together
+    (Ray replicas) measure once and agree."""
+    path = cache_root() / "linear_choice.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text()) if path.exists() else {}
+        except (json.JSONDecodeError, OSError):
+            data = {}  # a damaged cache is measured again
+        before = json.dumps(data, sort_keys=True)
+        yield data
+        if json.dumps(data, sort_keys=True) != before:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(path)
+
+
+def forced_choice(available):
+    """$BYZANTIUM_LINEAR_KERNELS=panels|onednn forces one kernel for every shape and phase (benchmarks,
+    debugging); unset or "auto": measure."""
+    forced = os.environ.get("BYZANTIUM_LINEAR_KERNELS", "auto").strip() or "auto"
+    if forced == "auto":
+        return None
+    names = [c.name for c in available]
+    if forced not in names:
+        raise ValueError(f"BYZANTIUM_LINEAR_KERNELS={forced!r}: not available here (available: {', '.join(names)}, auto)")
+    return forced
+
+
+def choose(weights_by_shape, available):
+    """{(in, out): {phase: candidate name}} for every shape, measured here or read from the cache; and
+    {shape: {candidate: {phase: seconds}}} of what was measured now (empty when all came from the cache)."""
+    if not available:
+        return {}, {}
+    forced = forced_choice(available)
+    if forced is not None or len(available) == 1:
+        name = forced or available[0].name
+        return {shape: {phase: name for phase in PHASES} for shape in weights_by_shape}, {}
+    choices, measured = {}, {}
+    generator = torch.Generator().manual_seed(0)
+    with _locked_cache() as cache, torch.inference_mode():
+        machine = cache.setdefault(machine_key(), {})
+        for (k, n), weights in weights_by_shape.items():
+            key = f"{k}x{n} {'+'.join(c.name for c in available)}"
+            if key not in machine:
+                timings = {}
+                for candidate in available:
+                    if batch_invariant(candidate, weights[0], generator):
+                        timings[candidate.name] = time_shape(candidate, weights, k, generator)
+                if not timings:  # none is batch-invariant here: keep the first, say so through describe()
+                    timings[available[0].name] = {phase: None for phase in PHASES}
+                machine[key] = {phase: min(timings, key=lambda c: timings[c][phase] or 0.0) for phase in PHASES}
+                machine[key]["seconds"] = timings
+                measured[(k, n)] = timings
+            choices[(k, n)] = {phase: machine[key][phase] for phase in PHASES}
+    return choices, measured
+
+
+__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "batch_invariant", "candidates", "choose",
+           "cpu_name", "machine_key"]

@@ -1,0 +1,84 @@
+"""The CPU linear kernels are chosen by timing them here, per shape and phase, cached per machine; a
+choice that differs between phases runs a step as two passes and leaves every token batch-independent."""
+import json
+
+import pytest
+import torch
+
+from byzantium import Engine, SamplingParams
+from byzantium.engine.models.packed import packing_available
+from byzantium.kernels import cpu_ext, linear_choice
+from conftest import random_prompts
+
+ext = cpu_ext.load()
+needs_both = pytest.mark.skipif(ext is None or not packing_available(torch.device("cpu"), torch.float32),
+                                reason="needs the compiled CPU kernels and oneDNN packing")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BYZANTIUM_CACHE", str(tmp_path))
+    monkeypatch.delenv("BYZANTIUM_LINEAR_KERNELS", raising=False)
+    return tmp_path / "linear_choice.json"
+
+
+@needs_both
+def test_each_candidate_is_exact_and_batch_invariant():
+    g = torch.Generator().manual_seed(0)
+    weight, bias, x = torch.randn(48, 40, generator=g), torch.randn(48, generator=g), torch.randn(9, 40, generator=g)
+    want = torch.nn.functional.linear(x, weight, bias)
+    for candidate in linear_choice.candidates(ext, True):
+        packed = candidate.pack(weight)
+        padded = candidate.pad_bias(bias, packed, 48) if isinstance(candidate, linear_choice.Panels) else bias
+        torch.testing.assert_close(candidate.run(x, packed, padded, 48), want, rtol=1e-5, atol=1e-5)
+        assert linear_choice.batch_invariant(candidate, weight, g), candidate.name
+
+
+@needs_both
+def test_choice_is_measured_once_and_cached_per_machine(cache, monkeypatch):
+    available = linear_choice.candidates(ext, True)
+    weights = {(64, 96): [torch.randn(96, 64) for _ in range(3)], (96, 64): [torch.randn(64, 96)]}
+    choices, measured = linear_choice.choose(weights, available)
+    assert choices.keys() == weights.keys() and measured.keys() == weights.keys()
+    for shape, timings in measured.items():
+        assert timings.keys() == {"panels", "onednn"}
+        for phase in linear_choice.PHASES:  # the winner is the fastest measured
+            assert choices[shape][phase] == min(timings, key=lambda c: timings[c][phase])
+    stored = json.loads(cache.read_text())
+    assert list(stored) == [linear_choice.machine_key()]
+    monkeypatch.setattr(linear_choice, "time_shape", lambda *a: pytest.fail("measured again"))
+    again, measured_again = linear_choice.choose(weights, available)
+    assert again == choices and measured_again == {}
+
+
+@needs_both
+def test_forced_kernel_and_bad_value(cache, monkeypatch):
+    available = linear_choice.candidates(ext, True)
+    monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "onednn")
+    choices, _ = linear_choice.choose({(8, 8): [torch.randn(8, 8)]}, available)
+    assert choices == {(8, 8): {"decode": "onednn", "prefill": "onednn"}} and not cache.exists()
+    monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "mkl")
+    with pytest.raises(ValueError, match="BYZANTIUM_LINEAR_KERNELS='mkl'"):
+        linear_choice.choose({(8, 8): [torch.randn(8, 8)]}, available)
+
+
+@needs_both
+def test_phase_split_kernels_keep_tokens_batch_independent(tiny_llama, cache, monkeypatch):
+    # Force different kernels for the two phases (what a machine may measure) and check that a request's
+    # tokens do not depend on what else is in its steps, and match the single-kernel engines closely.
+    def split_choice(weights_by_shape, available):
+        return {shape: {"decode": "panels", "prefill": "onednn"} for shape in weights_by_shape}, {}
+    monkeypatch.setattr(linear_choice, "choose", split_choice)
+    import byzantium.engine.models.packed as packed
+    monkeypatch.setattr(packed, "choose", split_choice)
+    engine = Engine(tiny_llama[1], num_blocks=128, max_batch_tokens=64)
+    assert engine.split_phases
+    prompts = random_prompts([5, 30, 17, 9, 44], seed=3)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    alone = [engine.generate([p], params)[0].token_ids for p in prompts]
+    together = [o.token_ids for o in engine.generate(prompts, params)]  # mixed prefill + decode steps
+    assert together == alone
+    assert engine.stats["steps"] > 0
+    monkeypatch.undo()
+    plain = Engine(tiny_llama[1], num_blocks=128, cpu_packed_linears=False)
+    assert [o.token_ids for o in plain.generate(prompts, params)] == together
