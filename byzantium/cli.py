@@ -6,6 +6,9 @@
     byzantium run sac|cpwbft ...        SAC / CP-WBFT ("Robust Multi-Agent LLMs under Byzantine Faults")
     byzantium run resilience ...        six collaboration systems with a faulty agent, AutoInject/AutoTransform,
                                         Challenger/Inspector ("On the Resilience of LLM-Based Multi-Agent ...")
+    byzantium sweep FILE.toml --out DIR every cell of an experiment file (a paper's table), one engine per model
+    byzantium report DIR... [--format md|csv|tex]   the papers' tables (95 % CIs, published numbers beside)
+    byzantium plot DIR... [--out PLOTDIR]            the papers' figures as PNGs
     byzantium profile run <method> ...  a run with the engine profiling: profile.json, trace.json and
                                         profile.png in its out dir, a table per tag and phase
     byzantium serve --model M ...       an OpenAI-compatible server on the engine (see server.py)
@@ -353,6 +356,20 @@ def parser():
     gen.set_defaults(func=cmd_generate)
     run = sub.add_parser("run", help="an experiment over many questions, resumable (--out DIR)")
     add_run_methods(run)
+    sweep = sub.add_parser("sweep", help="every cell of an experiment file (TOML), e.g. a paper's table, into "
+                                         "DIR/<cell>/; resumable (byzantium/experiments/configs/)")
+    from .experiments.sweep import add_sweep_args
+    add_sweep_args(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+    report = sub.add_parser("report", help="the papers' tables from sweep or run directories (md, csv or tex)")
+    report.add_argument("dirs", nargs="+", metavar="DIR", help="sweep directories (sweep.json) or run directories")
+    report.add_argument("--format", default="md", help="md (default), csv or tex")
+    report.add_argument("--out", default=None, metavar="FILE", help="write the report here (default: print it)")
+    report.set_defaults(func=cmd_report)
+    plot = sub.add_parser("plot", help="the papers' figures (PNG) from sweep or run directories")
+    plot.add_argument("dirs", nargs="+", metavar="DIR", help="sweep directories (sweep.json) or run directories")
+    plot.add_argument("--out", default=None, metavar="PLOTDIR", help="where the PNGs go (default: the first DIR/plots)")
+    plot.set_defaults(func=cmd_plot)
     profile = sub.add_parser("profile", help="`profile run <method> ...`: a run with the engine profiling; "
                                              "profile.json, trace.json, profile.png in its out dir")
     profiled = profile.add_subparsers(dest="profiled", required=True, metavar="run")
@@ -378,6 +395,21 @@ def add_run_methods(run, profiling=False):
             method.set_defaults(func=func)
 
 
+def cmd_sweep(args):
+    from .experiments.sweep import cmd_sweep as sweep
+    return sweep(args)
+
+
+def cmd_report(args):
+    from .experiments.report import cmd_report as report
+    report(args)
+
+
+def cmd_plot(args):
+    from .experiments.plot import cmd_plot as plot
+    plot(args)
+
+
 def cmd_profile(args):
     from .experiments.profile import profile_run
     profile_run(args)
@@ -390,13 +422,13 @@ def main(argv=None):
     except SystemExit as exit:  # argparse's refusals (exit 2) and --help (0), as a return code
         return exit.code
     try:
-        args.func(args)
+        code = args.func(args)
     except (ValueError, TypeError) as error:  # bad input: a clear message, not a traceback
         print(f"byzantium: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from ..backends import (BACKENDS, DEFAULT_MODEL, SamplingParams, add_backend_args, check_model, check_models,
+from ..backends import (BACKENDS, DEFAULT_MODEL, SamplingParams, add_backend_args, check_models,
                         pool_kwargs)
 from ..protocols.resilience import (DEFENSES, FAULTS, STRUCTURES, SYSTEMS, build_system, make_defense, make_fault,
                                    run_system)

@@ -93,8 +93,10 @@ def check_config(method, n, corrupt, k, m, max_len, attack, temperature, order="
                          "to run it anyway")
 
 
-def engine_stats(llms):
-    """The engines' counters summed over the distinct models (plus each model's own)."""
+def engine_stats(llms, since=None):
+    """The engines' counters summed over the distinct models (plus each model's own). since: an earlier
+    engine_stats of the same llms; the counters are then this run's alone (an engine shared by a
+    sweep's cells keeps counting across them), and "since_start" says so."""
     distinct = list({id(llm): llm for llm in llms}.values())
     total = {key: 0 for key in ENGINE_KEYS}
     per_model = {}
@@ -104,6 +106,11 @@ def engine_stats(llms):
         for key in ENGINE_KEYS:
             value = stats.get(key, 0) or 0
             total[key] = max(total[key], value) if key == "max_batch_seqs" else total[key] + value
+    if since is not None:
+        for key in ENGINE_KEYS:
+            if key != "max_batch_seqs":
+                total[key] -= since.get(key, 0) or 0
+        total["since_start"] = True
     if len(distinct) > 1:
         total["per_model"] = per_model
     # which code, kernels, dtype and KV pool produced these numbers (a fallback shows here too)
@@ -142,13 +149,13 @@ def _details(method, records):
     return details
 
 
-def summarize(method, records, llms):
+def summarize(method, records, llms, since=None):
     return {"method": method,
             "accuracy": _mean(r["correct"] for r in records),
             "correct": sum(r["correct"] for r in records),
             "parse_failures": sum(r["answer"] is None for r in records),
             "details": _details(method, records),
-            "engine": engine_stats(llms)}
+            "engine": engine_stats(llms, since)}
 
 
 def print_table(summary):
@@ -207,9 +214,10 @@ def run_rr_experiment(method, tasks, llms, corrupt=0, k=100, m=None, max_len=512
         return {"gold": task.accepted, "kind": task.kind, **to_json(result)}
 
     recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config, order)
+    start = engine_stats(llm_list)  # summary.json counts this run's tokens only (cost parity per run)
     run_instances(tasks, solve, out, key=lambda t: t.id, concurrency=concurrency,
                   stats=lambda: engine_stats(llm_list), config=recorded,
-                  summarize=lambda records: summarize(method, records, llm_list),
+                  summarize=lambda records: summarize(method, records, llm_list, start),
                   desc=method.upper(), progress=progress)
     summary = json.loads((Path(out) / SUMMARY).read_text())
     if table:

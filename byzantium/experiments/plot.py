@@ -1,0 +1,237 @@
+"""`byzantium plot DIR... [--out PLOTDIR]`: the papers' figures as PNGs, from the numbers of the report.
+
+Only the plots the cells support are drawn (no K plot without two chunk sizes of one setting, ...):
+
+    sweep.png       MAJ vs RRMaj across the corruption sweep, 95 % CIs as error bars
+    scaling.png     test-time scaling: accuracy vs M, mean ± std over bootstrap trials as bands
+    rounds.png      weak/strong accuracy per round, SAC vs CP-WBFT, one panel per topology
+    resilience.png  drop (clean - faulty) by structure, with the paper's average drops
+    k.png           accuracy vs chunk size K (MAJ of the same setting as a line)
+    cost.png        prefill, decode and cached tokens and wall seconds, MAJ vs RRMaj
+"""
+from pathlib import Path
+
+from . import report_data as data
+from .report_cells import load_cells
+
+DPI = 110
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _err(ts):
+    """(points, [lower errors, upper errors]) in % from (point, lo, hi) tuples; None stays NaN."""
+    nan = float("nan")
+    ys = [100 * t[0] if t else nan for t in ts]
+    lo = [100 * (t[0] - t[1]) if t else nan for t in ts]
+    hi = [100 * (t[2] - t[0]) if t else nan for t in ts]
+    return ys, [lo, hi]
+
+
+def _percent_axis(ax, label="accuracy (%)"):
+    ax.set_ylim(-3, 103)  # 0-100 %, with room for markers on the edges
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+
+
+def _grid(n, ncols=3):
+    """n panels, up to ncols a row (a paper-scale sweep has dozens of settings); spare axes hidden."""
+    rows, cols = -(-n // ncols), min(n, ncols)
+    fig, axes = _plt().subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
+    axes = list(axes.flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return axes[:n], fig
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    _plt().close(fig)
+    return path
+
+
+def plot_sweep(cells, path):
+    groups = data.corruption_sweep(cells)
+    if not groups:
+        return None
+    axes, fig = _grid(len(groups))
+    for ax, g in zip(axes, groups):
+        xs = [c["c"] for c in g["columns"]]
+        for method, name, dx in (("maj", "MAJ", -0.05), ("rrmaj", "RRMaj", 0.05)):
+            ys, err = _err([c[method + "_ci"] for c in g["columns"]])
+            if any(y == y for y in ys):
+                ax.errorbar([x + dx for x in xs], ys, yerr=err, marker="o", capsize=4, label=name)
+        ax.set_xticks(xs, [c["label"] for c in g["columns"]])
+        ax.set_xlabel("corrupted / clean agents")
+        ax.set_title(g["label"], fontsize=10)
+        _percent_axis(ax)
+        ax.legend()
+    fig.suptitle("MAJ vs RRMaj across the corruption sweep (95% CI)")
+    return _save(fig, path)
+
+
+def plot_scaling(cells, path, m_max=40, trials=50):
+    curves = data.scaling(cells, m_max, trials)
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in curves:
+        ms = [p["m"] for p in c["points"]]
+        mean = [100 * p["mean"] for p in c["points"]]
+        std = [100 * p["std"] for p in c["points"]]
+        name = ("MAJ" if c["method"] == "maj" else "RRMaj") + f" ({c['cell'].name})"
+        line, = ax.plot(ms, mean, marker="o", label=name, linestyle="--" if c["method"] == "maj" else "-")
+        ax.fill_between(ms, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                        color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("M (answers voted)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _percent_axis(ax)
+    ax.set_title(f"Test-time scaling (mean ± std over {trials} bootstrap trials)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_rounds(cells, path):
+    runs = data.byzantine(cells)
+    if not runs:
+        return None
+    topologies = list(dict.fromkeys(str(r["cell"].params.get("topology")) for r in runs))
+    axes, fig = _grid(len(topologies))
+    styles = {"weak": "--", "strong": "-"}
+    for ax, topo in zip(axes, topologies):
+        mine = [r for r in runs if str(r["cell"].params.get("topology")) == topo]
+        for i, r in enumerate(mine):  # a colour per run, a line style per group
+            for g, values in r["rounds"].items():
+                ys, err = _err(values)
+                ax.errorbar(range(len(ys)), ys, yerr=err, marker="o" if g == "strong" else "s", capsize=3,
+                            linestyle=styles[g], color=f"C{i}",
+                            label=f"{r['cell'].method.upper()} {g} ({r['cell'].name})")
+        ax.set_xlabel("round")
+        ax.set_title(f"topology: {topo}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        _percent_axis(ax)
+        ax.legend(fontsize=8)
+    fig.suptitle("Weak / strong accuracy per round, SAC vs CP-WBFT (95% CI)")
+    return _save(fig, path)
+
+
+def plot_resilience(cells, path):
+    report = data.resilience(cells)
+    structures = [s for s in (report or {}).get("structures", []) if s.get("drop_ci")]
+    if not structures:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(structures) + 2), 4.2))
+    names = [f"{s['structure']}\n{s['task']}, {s['fault']}" + (f"\n+{s['defense']}" if s["defense"] else "")
+             for s in structures]
+    drops = [s["drop_ci"] for s in structures]
+    ys = [d[0] for d in drops]
+    err = [[d[0] - d[1] for d in drops], [d[2] - d[0] for d in drops]]
+    ax.bar(range(len(ys)), ys, yerr=err, capsize=5, color="tab:red", alpha=0.7, label="ours (95% CI)")
+    paper = [(i, s["paper_drop"]) for i, s in enumerate(structures) if s.get("paper_drop") is not None]
+    if paper:
+        ax.scatter([i for i, _ in paper], [v for _, v in paper], marker="D", color="black", zorder=3,
+                   label="paper (average drop)")
+    ax.axhline(0, color="gray", linewidth=1)
+    ax.set_xticks(range(len(ys)), names, fontsize=8)
+    ax.set_ylabel("drop, clean - faulty (points)")
+    top = max([30, max(d[2] for d in drops) + 5] + [v for _, v in paper])
+    ax.set_ylim(min(-10, min(d[1] for d in drops) - 5), 1.35 * top)  # headroom: the legend sits above the data
+    ax.set_title("Resilience: drop by structure")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper right")
+    return _save(fig, path)
+
+
+def plot_k(cells, path):
+    groups = data.k_ablation(cells)
+    if not groups:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for g in groups:
+        ks = [p["k"] for p in g["points"]]
+        ys, err = _err([p["ci"] for p in g["points"]])
+        name = ("RRMaj" if g["method"] == "rrmaj" else "RR") + f" ({g['label']})"
+        bars = ax.errorbar(ks, ys, yerr=err, marker="o", capsize=4, label=name)
+        if g["maj"] is not None:
+            ax.axhline(100 * g["maj"][0], linestyle=":", color=bars[0].get_color(), label=f"MAJ ({g['label']})")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted({p["k"] for g in groups for p in g["points"]}))
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    ax.get_xaxis().set_major_formatter(ScalarFormatter())  # plain K values on the log axis
+    ax.get_xaxis().set_minor_formatter(NullFormatter())
+    ax.set_xlabel("chunk size K (tokens per turn)")
+    _percent_axis(ax)
+    ax.set_title("Accuracy vs chunk size K (95% CI)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_cost(cells, path):
+    pairs = data.cost_pairs(cells)
+    if not pairs:
+        return None
+    plt = _plt()
+    fig, (tok, sec) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 1]})
+    keys = [("prefill_tokens", "prefill"), ("decode_tokens", "decode"), ("cached_tokens", "cache hits")]
+    runs = []  # (name, numbers), each run once (one MAJ run may pair with several RRMaj runs)
+    for p in pairs:
+        for method in ("maj", "rrmaj"):
+            name = ("MAJ " if method == "maj" else "RRMaj ") + p[method].name
+            if name not in [n for n, _ in runs]:
+                runs.append((name, p["sides"][method]))
+    width = 0.8 / len(runs)
+    for i, (name, side) in enumerate(runs):
+        off = i * width - 0.4 + width / 2
+        tok.bar([x + off for x in range(len(keys))], [side[k] or 0 for k, _ in keys], width, label=name)
+        sec.bar([off], [side["seconds"] or 0], width, label=name)
+    tok.set_xticks(range(len(keys)), [name for _, name in keys])
+    tok.set_ylabel("tokens")
+    tok.set_title("Tokens per run")
+    tok.legend(fontsize=8)
+    sec.set_xticks([0], ["wall time"])
+    sec.set_ylabel("seconds")
+    sec.set_title("Seconds per run")
+    for ax in (tok, sec):
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Cost: MAJ vs RRMaj on the same settings (measured)")
+    return _save(fig, path)
+
+
+PLOTS = {"sweep.png": plot_sweep, "scaling.png": plot_scaling, "rounds.png": plot_rounds,
+         "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost}
+
+
+def make_plots(dirs, out=None) -> list:
+    """Write every plot the cells of DIRs support into OUT (default: DIR/plots of the first DIR);
+    returns the paths written."""
+    cells, sweeps = load_cells(dirs)
+    analysis = next((s.get("analysis") for s in sweeps if s.get("analysis")), {}) or {}
+    out = Path(out) if out else Path(dirs[0]) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fn in PLOTS.items():
+        extra = dict(m_max=analysis.get("m_max", 40), trials=analysis.get("trials", 50)) if fn is plot_scaling else {}
+        path = fn(cells, out / name, **extra)
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def cmd_plot(args):
+    written = make_plots(args.dirs, args.out)
+    if not written:
+        print("no plot: the directories hold nothing that can be plotted")
+    for path in written:
+        print(f"wrote {path}")
+
+
+__all__ = ["PLOTS", "make_plots", "cmd_plot"]

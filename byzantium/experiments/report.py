@@ -1,0 +1,288 @@
+"""`byzantium report DIR... [--format md|csv|tex] [--out FILE]`: the papers' tables from sweep or run
+directories.
+
+    tables = build_report(["runs/table3"])          # list of Table
+    print(render(tables, "md"))
+
+Every accuracy is printed as `61.0 [52.3, 69.7]`: percent, with a 95 % bootstrap interval over
+problems (fixed seed: the same report every time). Δ and drops are in points, their intervals paired
+over the problems both runs have. The test-time scaling table is the paper's mean ± std over bootstrap
+trials. A sweep's published numbers appear beside the cells whose params match their `where`.
+"""
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import report_data as data
+from .report_cells import format_published, load_cells, matches, metric_name
+
+FORMATS = ("md", "csv", "tex")
+
+
+@dataclass
+class Table:
+    title: str
+    header: list
+    rows: list
+    notes: list = field(default_factory=list)
+
+
+def pct(t, signed=False):
+    """(point, lo, hi) in [0, 1] (or points when already scaled) as '61.0 [52.3, 69.7]'."""
+    if t is None or t[0] is None:
+        return "–"
+    f = "{:+.1f}" if signed else "{:.1f}"
+    return f"{f.format(100 * t[0])} [{f.format(100 * t[1])}, {f.format(100 * t[2])}]"
+
+
+def pts(t, signed=False):
+    """The same for numbers already in points."""
+    return "–" if t is None or t[0] is None else pct(tuple(x / 100 for x in t), signed)
+
+
+def _num(x, spec="{:,.0f}"):
+    return "–" if x is None else spec.format(x)
+
+
+# ---------------------------------------------------------------------------- tables
+
+def cells_table(cells) -> Table:
+    rows = []
+    for r in data.cell_rows(cells):
+        c = r["cell"]
+        total = f"{r['n']}/{r['total']}" if r["total"] is not None else str(r["n"])
+        status = c.status + (f": {c.error}" if c.error else "")
+        rows.append([c.name, c.method, data.label(cells, c, ("method",)), total, str(r["errors"]),
+                     f"{r['parse_final']} / {r['parse_voters']}", metric_name(c), pct(r["value"]),
+                     format_published(r["published"]), status])
+    return Table("Cells", ["cell", "method", "settings", "n", "errors", "parse failures (final / voters)", "metric",
+                           "ours [95% CI]", "paper", "status"], rows,
+                 ["n: problems with a result (of the run's total); errors: error rows (an instance that raised); "
+                  "parse failures: unreadable final answers / unreadable answers of voters or agents."])
+
+
+def published_table(cells, sweeps):
+    """Every published number of the sweeps, with the cells it was matched to."""
+    rows = []
+    for sweep in sweeps:
+        mine = [c for c in cells if c.sweep is sweep]
+        for p in sweep.get("published") or []:
+            matched = [c.name for c in mine if matches(p, c)]
+            where = ", ".join(f"{k}={v}" for k, v in (p.get("where") or {}).items()) or "(the whole sweep)"
+            rows.append([sweep.get("name", ""), p.get("table", ""), p.get("method") or "–", p.get("metric", ""),
+                         format_published([p], False), where, ", ".join(matched) or "–"])
+    if not rows:
+        return None
+    return Table("Published numbers", ["sweep", "table", "method", "metric", "paper", "where", "matched cells"], rows,
+                 ["an entry is shown beside the cells whose params equal every key of its `where`; one without "
+                  "`where` is a headline of the whole sweep."])
+
+
+def sweep_tables(cells) -> list:
+    """One table per set of columns (agents N and patterns run): a block of rows per setting, as the paper."""
+    tables = {}
+    for g in data.corruption_sweep(cells):
+        cols = g["columns"]
+        labels = [c["label"] + (" (ceiling)" if c["c"] == 0 else " (floor)" if c["c"] == g["n"] else "")
+                  for c in cols]
+        t = tables.setdefault(tuple(labels), Table(
+            f"Corruption sweep: MAJ vs RRMaj (N={g['n']}; {', '.join(c['label'] for c in cols)})",
+            ["setting", "method"] + labels, [],
+            ["accuracy %, 95% bootstrap CI over problems; Δ = RRMaj - MAJ in points, paired over problems; 0c is "
+             "the ceiling (no corrupted agent), all corrupted the floor; an average resamples each setting's "
+             "problems on their own."]))
+        t.rows += [[g["label"], "MAJ"] + [pct(c["maj_ci"]) for c in cols],
+                   [g["label"], "RRMaj"] + [pct(c["rrmaj_ci"]) for c in cols],
+                   [g["label"], "Δ (points)"] + [pct(c["delta"], True) for c in cols]]
+        for method in ("maj", "rrmaj"):
+            paper = [format_published(data.published_for(c[method]), False) if c[method] else "" for c in cols]
+            if any(paper):
+                t.rows.append([g["label"], ("MAJ" if method == "maj" else "RRMaj") + " (paper)"] + paper)
+    return list(tables.values())
+
+
+def scaling_table(cells, m_max=40, trials=50):
+    curves = data.scaling(cells, m_max, trials)
+    if not curves:
+        return None
+    ms = sorted({p["m"] for c in curves for p in c["points"]})
+    rows = []
+    for c in curves:
+        by_m = {p["m"]: p for p in c["points"]}
+        rows.append([c["cell"].name, c["method"].upper() if c["method"] == "maj" else "RRMaj", str(c["pool"])] +
+                    [f"{100 * by_m[m]['mean']:.1f} ± {100 * by_m[m]['std']:.1f}" if m in by_m else "–" for m in ms])
+    return Table("Test-time scaling", ["cell", "method", "pool"] + [f"M={m}" for m in ms], rows,
+                 [f"accuracy % of a plurality of M answers drawn from each question's pool, mean ± std over "
+                  f"{trials} bootstrap trials (as the paper); MAJ at M=1 is the expected accuracy of one random "
+                  "agent, corrupted and clean weighted by their share."])
+
+
+def final_speaker_table(cells):
+    stats = data.final_speaker(cells)
+    if not stats:
+        return None
+    rows = [[s["cell"].name, f"{pct(s['clean'])} ({s['clean_right']}/{s['clean_n']} right)",
+             f"{pct(s['corrupt'])} ({s['corrupt_right']}/{s['corrupt_n']} right)",
+             f"{s['odds']:.3g}", f"{s['p']:.3g}"] for s in stats]
+    return Table("Final speaker", ["cell", "clean agent last", "corrupted agent last", "odds ratio", "Fisher p"],
+                 rows, ["trajectory accuracy % by who wrote the final words; two-sided Fisher exact test on "
+                        "[[clean right, clean wrong], [corrupt right, corrupt wrong]]."])
+
+
+def k_table(cells):
+    groups = data.k_ablation(cells)
+    if not groups:
+        return None
+    ks = sorted({p["k"] for g in groups for p in g["points"]})
+    rows = []
+    for g in groups:
+        by_k = {p["k"]: p for p in g["points"]}
+        rows.append([g["label"], "RRMaj" if g["method"] == "rrmaj" else "RR"] +
+                    [pct(by_k[k]["ci"]) if k in by_k else "–" for k in ks] + [pct(g["maj"])])
+    return Table("Chunk size K", ["setting", "method"] + [f"K={k}" for k in ks] + ["MAJ"], rows,
+                 ["accuracy %, 95% bootstrap CI over problems."])
+
+
+def cost_table(cells):
+    pairs = data.cost_pairs(cells)
+    if not pairs:
+        return None
+    names = {"decode_tokens": "decode tokens", "prefill_tokens": "prefill tokens",
+             "cached_tokens": "prefix-cache hit tokens", "seconds": "wall seconds"}
+    rows = []
+    for p in pairs:
+        for key, name in names.items():
+            spec = "{:,.1f}" if key == "seconds" else "{:,.0f}"
+            rows.append([p["label"], name, _num(p["sides"]["maj"][key], spec), _num(p["sides"]["rrmaj"][key], spec),
+                         _num(p["ratio"][key], "{:.2f}")])
+    notes = ["from each run's summary.json: the engine's counters over the run, and its wall seconds (of the "
+             "run's last invocation, when it was resumed). Cells of one sweep share an engine: its prefix "
+             "cache carries over from earlier cells, so prefill and cache hits depend on the order they ran in."]
+    old = sorted({name for p in pairs for name in p["cumulative"]})
+    if old:
+        notes.append(f"{', '.join(old)}: written before counters were kept per run; an engine shared with earlier "
+                     "runs counts theirs too.")
+    return Table("Cost parity (measured)", ["setting", "quantity", "MAJ", "RRMaj", "RRMaj/MAJ"], rows, notes)
+
+
+def byzantine_tables(cells) -> list:
+    runs = data.byzantine(cells)
+    if not runs:
+        return []
+    rows, rounds = [], []
+    for r in runs:
+        c = r["cell"]
+        topo = str(c.params.get("topology", "–"))
+        paper = "; ".join(format_published(v) for v in r["published"].values() if v)
+        rows.append([c.name, c.method.upper(), topo] +
+                    [pct(r["metrics"][k], k == "BFTI") for k in data.HEADLINE] + [paper])
+        for g, values in r["rounds"].items():
+            rounds.append([c.name, c.method.upper(), topo, g] + [pct(v) for v in values])
+    width = max(len(r) for r in rounds) if rounds else 4
+    rounds = [r + ["–"] * (width - len(r)) for r in rounds]
+    headline = Table("SAC / CP-WBFT", ["cell", "protocol", "topology", "IAA", "FAA", "BFTI", "RA", "H-Majority",
+                                       "paper"], rows,
+                     ["%, 95% bootstrap CI over problems; BFTI = FAA - IAA in points; RA is the paper's (SAC: honest "
+                      "agents' plurality; CP-WBFT: the global decision)."])
+    out = [headline]
+    if rounds:
+        out.append(Table("Weak / strong accuracy per round", ["cell", "protocol", "topology", "group"] +
+                         [f"Rnd {t}" for t in range(width - 4)], rounds,
+                         ["%, 95% bootstrap CI over problems; a run that stopped early repeats its last round."]))
+    return out
+
+
+def resilience_tables(cells) -> list:
+    report = data.resilience(cells)
+    if report is None:
+        return []
+
+    def share(x, note):
+        return "n/a (no drop)" if note else "–" if x is None else f"{100 * x:.0f}%"
+
+    rows = [[r["system"], r["structure"], r["task"], r["fault"] or "–", r["defense"] or "–", pts(r["clean_ci"]),
+             pts(r["faulty_ci"]), pts(r["defended_ci"]), pts(r["drop_ci"], True), share(r["recovered"], r["note"]),
+             format_published(r["published"])] for r in report["rows"]]
+    structures = [[s["structure"], s["task"], s["fault"] or "–", s["defense"] or "–", str(len(s["systems"])),
+                   pts(s["clean_ci"]), pts(s["faulty_ci"]), pts(s["defended_ci"]), pts(s["drop_ci"], True),
+                   share(s["recovered"], s["note"]), _num(s["paper_drop"], "{:.1f}")] for s in report["structures"]]
+    return [Table("Resilience by system", ["system", "structure", "task", "fault", "defence", "clean", "faulty",
+                                           "defended", "drop", "recovered", "paper"], rows,
+                  ["points (pass@1 or accuracy %), 95% bootstrap CI over problems; drop = clean - faulty (paired); "
+                   "recovered = (defended - faulty) / (clean - faulty)."]),
+            Table("Resilience by structure", ["structure", "task", "fault", "defence", "systems", "clean", "faulty",
+                                              "defended", "drop", "recovered", "paper drop"], structures,
+                  ["means over the structure's systems, CI over problems (systems' scores averaged per problem)."])]
+
+
+def build_report(dirs) -> list:
+    """Every table the cells of DIRs support, in the papers' shapes."""
+    cells, sweeps = load_cells(dirs)
+    analysis = next((s.get("analysis") for s in sweeps if s.get("analysis")), {}) or {}
+    tables = [cells_table(cells)] + sweep_tables(cells)
+    tables += [scaling_table(cells, analysis.get("m_max", 40), analysis.get("trials", 50)),
+               final_speaker_table(cells), k_table(cells), cost_table(cells)]
+    tables += byzantine_tables(cells) + resilience_tables(cells) + [published_table(cells, sweeps)]
+    return [t for t in tables if t is not None]
+
+
+# ---------------------------------------------------------------------------- rendering
+
+def _md(t):
+    lines = [f"### {t.title}", "", "| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in t.rows]
+    return "\n".join(lines + [""] + t.notes) + "\n"
+
+
+TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+       "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "Δ": r"$\Delta$", "±": r"$\pm$", "–": "--"}
+
+
+def tex_escape(text):
+    return "".join(TEX.get(ch, ch) for ch in str(text))
+
+
+def _tex(t):
+    lines = [f"% {tex_escape(t.title)}", r"\begin{table}[ht]", r"\centering", r"\small",
+             r"\begin{tabular}{" + "l" * len(t.header) + "}", r"\hline",
+             " & ".join(tex_escape(h) for h in t.header) + r" \\", r"\hline"]
+    lines += [" & ".join(tex_escape(v) for v in row) + r" \\" for row in t.rows]
+    lines += [r"\hline", r"\end{tabular}", r"\caption{" + tex_escape(" ".join([t.title + "."] + t.notes)) + "}",
+              r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def _csv(tables):
+    """One block per table, blank line between: header `table, <columns>`, each row led by the title."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for i, t in enumerate(tables):
+        if i:
+            w.writerow([])
+        w.writerow(["table"] + t.header)
+        w.writerows([t.title] + list(row) for row in t.rows)
+    return buf.getvalue()
+
+
+def render(tables, fmt="md") -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "csv":
+        return _csv(tables)
+    return "\n".join((_md if fmt == "md" else _tex)(t) for t in tables)
+
+
+def cmd_report(args):
+    if args.format not in FORMATS:
+        raise ValueError(f"unknown --format {args.format!r}; choose one of {', '.join(FORMATS)}")
+    text = render(build_report(args.dirs), args.format)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"report written to {args.out}")
+    else:
+        print(text, end="")
+
+
+__all__ = ["FORMATS", "Table", "pct", "build_report", "render", "tex_escape", "cmd_report"]

@@ -1,0 +1,265 @@
+"""The numbers behind the report's tables and plots, from cells (report_cells.load_cells).
+
+Each analysis returns plain dicts (accuracies as (point, lo, hi) with a 95 % bootstrap interval over
+problems) or [] / None when the cells do not support it; report.py renders them as tables and plot.py
+draws them. The Consensus Trap analyses reuse protocols/rr_analysis.py; resilience reuses
+experiments/resilience.resilience_report.
+"""
+from ..protocols import rr_analysis
+from .bootstrap import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
+from .report_cells import BYZANTINE, parse_failures, published_for, sac_metrics, value
+
+RR_ONLY = ("chunk", "trajectories", "order")  # settings MAJ does not have
+SWEPT = ("corrupt", "pattern")
+ENGINE = ("decode_tokens", "prefill_tokens", "cached_tokens")
+
+
+def per_problem(cell) -> dict:
+    """problem id -> the cell's headline number for it."""
+    return {r["id"]: value(cell, r) for r in cell.records}
+
+
+def ci(cell):
+    return mean_ci(per_problem(cell).values())
+
+
+def _key(params, drop=()):
+    return tuple(sorted((k, str(v)) for k, v in params.items() if k not in drop))
+
+
+def label(cells, cell, drop=()):
+    """The cell's params that differ between `cells` of its method (leaving out `drop`), as 'k=v, ...'."""
+    peers = [c for c in cells if c.method == cell.method]
+    keys = sorted(k for k, v in cell.params.items() if k not in drop and v is not None)
+    varying = [k for k in keys if len({str(c.params.get(k)) for c in peers}) > 1]
+    return ", ".join(f"{k}={cell.params[k]}" for k in varying) or str(cell.params.get("task") or cell.method)
+
+
+# ---------------------------------------------------------------------------- every cell
+
+def cell_rows(cells) -> list:
+    rows = []
+    for c in cells:
+        fails = [parse_failures(c, r) for r in c.records]
+        rows.append(dict(cell=c, n=len(c.records), errors=c.errors, total=(c.summary or {}).get("total"),
+                         parse_final=sum(f[0] for f in fails), parse_voters=sum(f[1] for f in fails),
+                         value=ci(c) if c.records else None, published=published_for(c)))
+    return rows
+
+
+# ---------------------------------------------------------------------------- The Consensus Trap
+
+def _consensus(cells, methods=("maj", "rrmaj")):
+    return [c for c in cells if c.method in methods and c.records]
+
+
+def corruption_sweep(cells) -> list:
+    """One group per setting (task, attack, model, ..., and for RRMaj its K and M): MAJ and RRMaj by
+    number of corrupted agents c, and Δ = RRMaj - MAJ paired over problems. Groups with fewer than two
+    values of c are left out (no sweep)."""
+    cs = _consensus(cells)
+    rr = [c for c in cs if c.method == "rrmaj"]
+    maj = [c for c in cs if c.method == "maj"]
+    heads = {}  # group key -> the RRMaj setting (or MAJ's alone when no RRMaj shares its base)
+    for c in rr:
+        heads.setdefault(_key(c.params, SWEPT), c)
+    for c in maj:
+        if not any(_key(r.params, SWEPT + RR_ONLY) == _key(c.params, SWEPT + RR_ONLY) for r in rr):
+            heads.setdefault(_key(c.params, SWEPT), c)
+    groups = []
+    for key, head in heads.items():
+        base = _key(head.params, SWEPT + RR_ONLY)
+        mine = [c for c in rr if _key(c.params, SWEPT) == key]
+        theirs = [c for c in maj if _key(c.params, SWEPT + RR_ONLY) == base]
+        n = head.params.get("agents")
+        by_c = {}
+        for c in mine + theirs:
+            by_c.setdefault(c.params.get("corrupt"), {})[c.method] = c
+        if len({c.params.get("corrupt") for c in (mine or theirs)}) < 2 or n is None:
+            continue  # no sweep: the group's own method was run at one corruption level
+        cols = []
+        for k in sorted(by_c):
+            m, r = by_c[k].get("maj"), by_c[k].get("rrmaj")
+            cols.append(dict(c=k, label=rr_analysis.config_label(k, n), maj=m, rrmaj=r,
+                             maj_ci=ci(m) if m else None, rrmaj_ci=ci(r) if r else None,
+                             delta=diff_ci(per_problem(m), per_problem(r)) if m and r else None))
+        groups.append(dict(head=head, n=n, columns=cols))
+    for g in groups:
+        g["label"] = label([h["head"] for h in groups], g["head"], SWEPT)
+    same_n = [g for g in groups if g["n"] == groups[0]["n"]] if groups else []
+    if len(same_n) > 1:
+        groups.append(_average(same_n))
+    return groups
+
+
+def _average(groups):
+    """The groups' mean per column (as the paper's Average rows), each group's problems resampled on
+    their own; Δ averages the groups' paired differences."""
+    cols = []
+    for k in sorted({c["c"] for g in groups for c in g["columns"]}):
+        mine = [c for g in groups for c in g["columns"] if c["c"] == k]
+        col = dict(c=k, label=mine[0]["label"], maj=None, rrmaj=None)
+        for m in ("maj", "rrmaj"):
+            have = [c[m] for c in mine if c[m]]
+            col[m + "_ci"] = mean_of_means_ci([per_problem(x).values() for x in have]) if have else None
+        pairs = [(per_problem(c["maj"]), per_problem(c["rrmaj"])) for c in mine if c["maj"] and c["rrmaj"]]
+        col["delta"] = mean_of_means_ci([[b[i] - a[i] for i in a if i in b] for a, b in pairs]) if pairs else None
+        cols.append(col)
+    return dict(head=None, n=groups[0]["n"], columns=cols, label=f"Average of {len(groups)}")
+
+
+def scaling(cells, m_max=40, trials=50, seed=0) -> list:
+    """Test-time scaling per cell (of sweeps whose analysis is "scaling", and of plain run directories):
+    accuracy of a plurality of M answers drawn from each question's pool
+    (RRMaj: its M* trajectories; MAJ: its N agents), M = 1..min(m_max, pool), mean ± std over trials
+    (rr_analysis.scaling_curve; MAJ's M=1 is the expected accuracy of one random agent)."""
+    out = []
+    for c in _consensus(cells):
+        kind = ((c.sweep or {}).get("analysis") or {}).get("kind")
+        if kind not in (None, "scaling"):
+            continue  # a paper-scale sweep of hundreds of cells would spend minutes on curves nobody asked for
+        pool = min(len(r.get("trajectories") or r.get("agents") or []) for r in c.records)
+        top = min(m_max, pool)
+        if top < 2:
+            continue
+        ms = list(range(1, top + 1)) if top <= 10 else sorted({m for m in rr_analysis.SCALING_MS if m <= top} | {top})
+        kind = c.records[0]["kind"]  # the task's answer kind
+        if c.method == "maj":
+            golds = {r["task_id"]: r["gold"] for r in c.records}
+            share = c.params.get("corrupt", 0) / c.params.get("agents", pool)
+            curve = rr_analysis.scaling_curve(c.records, kind, ms, trials, seed, golds=golds, corrupt_share=share)
+        else:
+            curve = rr_analysis.scaling_curve(c.records, kind, ms, trials, seed)
+        out.append(dict(cell=c, method=c.method, pool=pool, points=curve["points"], trials=trials))
+    return out
+
+
+def final_speaker(cells) -> list:
+    """Per RR/RRMaj cell with clean and corrupted agents: accuracy of trajectories whose last words a
+    clean vs a corrupted agent wrote, with the Fisher exact test (rr_analysis.final_speaker)."""
+    out = []
+    for c in _consensus(cells, ("rr", "rrmaj")):
+        n, k = c.params.get("agents"), c.params.get("corrupt")
+        if not (n and k and 0 < k < n):
+            continue
+        fs = rr_analysis.final_speaker(c.records)
+        groups = {True: [], False: []}  # corrupted last -> per-problem (right, trajectories)
+        for r in c.records:
+            counts = {True: [0, 0], False: [0, 0]}
+            for t in rr_analysis._items(r):
+                last = rr_analysis.final_chunk(t)
+                if last is not None:
+                    counts[bool(last["corrupted"])][0] += bool(t["correct"])
+                    counts[bool(last["corrupted"])][1] += 1
+            for side in counts:
+                groups[side].append(counts[side])
+        out.append(dict(cell=c, clean=ratio_ci(groups[False]), corrupt=ratio_ci(groups[True]),
+                        clean_n=fs["clean_n"], corrupt_n=fs["corrupt_n"], clean_right=fs["table"][0][0],
+                        corrupt_right=fs["table"][1][0], odds=fs["odds_ratio"], p=fs["p_value"]))
+    return out
+
+
+def k_ablation(cells) -> list:
+    """Accuracy per chunk size K for settings run at two or more K, with MAJ of the same setting."""
+    rr = _consensus(cells, ("rr", "rrmaj"))
+    maj = _consensus(cells, ("maj",))
+    groups = {}
+    for c in rr:
+        groups.setdefault((c.method, _key(c.params, ("chunk",))), []).append(c)
+    out = []
+    for (method, _), cs in groups.items():
+        if len({c.params.get("chunk") for c in cs}) < 2:
+            continue
+        cs = sorted(cs, key=lambda c: c.params.get("chunk"))
+        ref = next((m for m in maj if _key(m.params, RR_ONLY) == _key(cs[0].params, RR_ONLY)), None)
+        out.append(dict(label=label(rr, cs[0], ("chunk",)), method=method,
+                        points=[dict(k=c.params["chunk"], cell=c, ci=ci(c)) for c in cs],
+                        maj=ci(ref) if ref else None))
+    return out
+
+
+def cost_pairs(cells) -> list:
+    """MAJ and RRMaj cells whose settings differ only in the method (and RRMaj's own K, M, order):
+    decode, prefill and prefix-cache tokens (summary.json's "engine"), wall seconds, RRMaj/MAJ ratios."""
+    maj = [c for c in cells if c.method == "maj" and c.summary and c.summary.get("engine")]
+    out = []
+    for r in cells:
+        if r.method != "rrmaj" or not (r.summary and r.summary.get("engine")):
+            continue
+        m = next((m for m in maj if _key(m.params, RR_ONLY) == _key(r.params, RR_ONLY)), None)
+        if m is None:
+            continue
+        sides = {}
+        for name, c in (("maj", m), ("rrmaj", r)):
+            e = c.summary["engine"]
+            sides[name] = {k: e.get(k) for k in ENGINE} | {"seconds": c.summary.get("seconds")}
+        ratio = {k: sides["rrmaj"][k] / sides["maj"][k] if sides["maj"][k] else None for k in sides["maj"]}
+        out.append(dict(label=f"{r.name} / {m.name}", maj=m, rrmaj=r, sides=sides, ratio=ratio,
+                        cumulative=[c.name for c in (m, r) if not c.summary["engine"].get("since_start")]))
+    return out
+
+
+# ---------------------------------------------------------------------------- SAC and CP-WBFT
+
+HEADLINE = ("IAA", "FAA", "BFTI", "RA", "H-Majority")
+
+
+def byzantine(cells) -> list:
+    """Per SAC/CP-WBFT cell: the headline metrics and weak/strong accuracy per round (rounds of a run
+    that stopped early repeat its last round, as metrics.summarize does)."""
+    out = []
+    for c in cells:
+        if c.method not in BYZANTINE or not c.records:
+            continue
+        ms = [sac_metrics(r) for r in c.records]
+        rounds = max(len(m["acc"]["all"]) for m in ms)
+        per_round = {g: [mean_ci([m["acc"][g][min(t, len(m["acc"][g]) - 1)] for m in ms]) for t in range(rounds)]
+                     for g in ("weak", "strong") if any(m["acc"][g][0] is not None for m in ms)}
+        out.append(dict(cell=c, metrics={k: mean_ci([m[k] for m in ms]) for k in HEADLINE}, rounds=per_round,
+                        published={k: published_for(c, k) for k in HEADLINE}))
+    return out
+
+
+# ---------------------------------------------------------------------------- resilience
+
+def resilience(cells):
+    """resilience_report's rows and means by structure, each score with its interval (points), or None."""
+    from .resilience import resilience_report
+    runs = [c for c in cells if c.method == "resilience" and c.summary]
+    if not runs:
+        return None
+    report = resilience_report([c.summary for c in runs])
+    index = {}
+    for c in runs:
+        cfg = c.summary["config"]
+        index[(cfg["system"], cfg["task"], cfg["fault"], cfg["defense"])] = c
+
+    def points(cell):
+        return {k: None if v is None else 100 * v for k, v in per_problem(cell).items()} if cell else {}
+
+    for row in report["rows"]:
+        clean = index.get((row["system"], row["task"], "none", "none"))
+        faulty = index.get((row["system"], row["task"], row["fault"], "none")) if row["fault"] else None
+        defended = index.get((row["system"], row["task"], row["fault"], row["defense"])) if row["defense"] else None
+        for name, cell in (("clean", clean), ("faulty", faulty), ("defended", defended)):
+            row[name + "_ci"] = mean_ci(points(cell).values()) if cell else None
+            row[name + "_cell"] = cell
+        # drop = clean - faulty, paired over problems
+        row["drop_ci"] = diff_ci(points(faulty), points(clean)) if clean and faulty else None
+        row["published"] = list({id(p): p for cell in (clean, faulty, defended) if cell
+                                 for p in published_for(cell)}.values())  # once each
+
+    def averaged(rows, name):
+        """problem id -> mean over the rows' systems (the structure's mean, resampled by problem)."""
+        dicts = [points(r[name + "_cell"]) for r in rows if r[name + "_cell"] is not None]
+        ids = set.intersection(*(set(d) for d in dicts)) if dicts else set()
+        return {i: sum(d[i] for d in dicts) / len(dicts) for i in ids if all(d[i] is not None for d in dicts)}
+
+    for s in report["structures"]:
+        rows = [r for r in report["rows"] if (r["task"], r["structure"], r["fault"], r["defense"]) ==
+                (s["task"], s["structure"], s["fault"], s["defense"])]
+        avg = {name: averaged(rows, name) for name in ("clean", "faulty", "defended")}
+        for name, values in avg.items():
+            s[name + "_ci"] = mean_ci(values.values()) if values else None
+        s["drop_ci"] = diff_ci(avg["faulty"], avg["clean"]) if avg["clean"] and avg["faulty"] else None
+    return report

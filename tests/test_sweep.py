@@ -1,0 +1,278 @@
+"""`byzantium sweep`: every shipped experiment file is valid at both scales; a broken file is refused
+naming the key, before any model loads; one smoke sweep per paper runs end to end on the embedded
+model; an interrupted sweep resumes without redoing finished instances; a cell that cannot run fails
+alone. main() is called in-process to save start-up time."""
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+import byzantium.backends
+from byzantium.backends.native import NativeLLM
+from byzantium.cli import main
+from byzantium.experiments.sweep import SWEEP, Borrowed
+from byzantium.experiments.sweep_config import ConfigError, load_sweep, needed_len
+
+CONFIGS = sorted((Path(byzantium.__file__).parent / "experiments" / "configs").glob("*.toml"))
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # the real datasets, next to the repo
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(byzantium.backends, "LLMPool", refuse)
+
+
+def rows(path):
+    return [json.loads(line) for line in (Path(path) / "results.jsonl").read_text().splitlines()]
+
+
+def test_the_shipped_files_are_there():
+    names = {p.stem for p in CONFIGS}
+    assert {"sac_table3_4", "sac_table7", "sac_table8", "ct_table1", "ct_table3", "ct_table5", "ct_table6_8",
+            "ct_table9", "mas_main"} <= names
+
+
+@pytest.mark.parametrize("scale", ["smoke", "paper"])
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_file_validates(path, scale, no_loading):
+    sweep = load_sweep(path, scale, check_files=False)
+    assert sweep.cells and sweep.paper in ("sac", "consensus-trap", "mas") and sweep.analysis["kind"]
+    names = [c.name for c in sweep.cells]
+    assert len(set(names)) == len(names)
+    for cell in sweep.cells:
+        assert cell.name.replace("-", "").replace(".", "").replace("+", "").isalnum()  # filesystem-safe
+        assert cell.params["task"] and needed_len(cell, sweep.prompt_budget) > 0
+    for p in sweep.published:  # every published number matches at least one cell of the paper scale
+        if scale == "paper" and p["where"]:
+            assert any(c.method == p["method"] and all(c.params.get(k) == v for k, v in p["where"].items())
+                       for c in sweep.cells), p
+    if scale == "smoke":  # smoke runs on the embedded model, a few instances each
+        assert all(m in (None, "smollm2-135m") for c in sweep.cells for m in c.models)
+        assert all(c.params.get("limit", 99) <= 3 for c in sweep.cells)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_paper_scale_finds_its_data_files(path, no_loading):
+    if not DATA.is_dir():
+        pytest.skip("the datasets are not next to the repository (../shared/data)")
+    sweep = load_sweep(path, "paper", data_root=DATA)
+    assert all(Path(c.argv[c.argv.index("--data") + 1]).exists() for c in sweep.cells if "--data" in c.argv)
+
+
+BASE = """
+paper = "consensus-trap"
+table = "Table X"
+method = "maj"
+[analysis]
+kind = "corruption"
+[run]
+limit = 2
+"""
+
+
+@pytest.mark.parametrize("extra, problem", [
+    ("[axes]\ncorrupt = [7]\n", "[axes].corrupt: 7 is more than agents=5"),
+    ("[axes]\npattern = ['3x2']\n", "[axes].pattern:"),
+    ("[axes]\nattack = ['mild']\n", "[axes].attack:"),
+    ("[axes]\nchunk = 5\n", "[axes].chunk: an axis is a non-empty list"),
+    ("[axes]\nweak = [2]\n", "[axes].weak: does not apply to maj"),
+    ("[axes]\nbogus = [1]\n", "[axes].bogus: unknown key"),
+    ("[axes]\ntask = ['gen-nothing']\n", "[axes].task:"),
+    ("[axes]\ntask = [{name = 'g', task = 'gsm8k', data = 'no-such.jsonl'}]\n", "[axes].task: data file 'no-such.jsonl' not found"),
+    ("[axes]\nmodels = [['a', 'b']]\n", "[axes].models: names 2 models for agents=5"),
+    ("[axes]\ncorrupted = [[0, 9]]\n", "[axes].corrupted: distinct agent indices"),
+    ("[scale.smoke.run]\nlimit = 0\n", "[scale.smoke.run].limit: --limit must be >= 1"),
+    ("[scale.paper.run]\nlimit = 1\n", "[scale.smoke]: missing"),
+    ("[[published]]\ntable = 'T'\nmethod = 'maj'\nmetric = 'acc'\nvalue = 'high'\nwhere = {}\nsource = 's'\n",
+     "[[published]] #1.value"),
+])
+def test_a_broken_file_is_refused_naming_the_key(extra, problem, tmp_path, no_loading, capsys):
+    path = tmp_path / "sweep.toml"
+    path.write_text(BASE + extra)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"sweep.toml: {problem}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sac_and_resilience_settings_are_checked_too(tmp_path, no_loading):
+    path = tmp_path / "s.toml"
+    path.write_text('paper = "sac"\nmethod = "sac"\n[analysis]\nkind = "sac"\n[axes]\nweak = [5]\nbyzantine = [3]\n')
+    with pytest.raises(ConfigError, match=r"s.toml: \[axes\].weak: weak 5 plus byzantine 3 is more than agents=7"):
+        load_sweep(path)
+    path.write_text('paper = "sac"\nmethod = "sac"\n[analysis]\nkind = "sac"\n[run]\nF = 6\n')
+    with pytest.raises(ConfigError, match=r"\[run\].F:"):
+        load_sweep(path)  # the graph cannot be 7-robust: sac.check_config's refusal, named by its key
+    path.write_text('paper = "mas"\nmethod = "resilience"\n[analysis]\nkind = "resilience"\n[run]\npe = 2.0\n')
+    with pytest.raises(ConfigError, match=r"\[run\].pe: --pe must be a probability"):
+        load_sweep(path)
+
+
+def test_cells_are_named_from_their_settings_and_cells_combine_with_axes(tmp_path):
+    path = tmp_path / "k.toml"
+    path.write_text(BASE.replace('method = "maj"', 'method = ["maj", "rrmaj"]') +
+                    "[axes]\npattern = ['0c5t', '3c2t']\nchunk = [10, 300]\n"
+                    "[[cells]]\nattack = 'strong'\n[[cells]]\nattack = 'moderate'\n")
+    sweep = load_sweep(path)
+    names = [c.name for c in sweep.cells]
+    assert "rrmaj-gen-arith-3c2t-K300-moderate" in names
+    assert "maj-gen-arith-3c2t-moderate" in names  # MAJ has no K: run once, not once per K
+    assert len(names) == 2 * 2 + 2 * 2 * 2
+    cell = next(c for c in sweep.cells if c.name == "rrmaj-gen-arith-3c2t-K300-moderate")
+    assert cell.params | {"chunk": 300, "trajectories": 5, "pattern": "3c2t", "agents": 5, "corrupt": 3} == cell.params
+
+
+def test_explicit_corrupted_agents_go_first_with_their_models(tmp_path):
+    path = tmp_path / "h.toml"
+    path.write_text(BASE + "models = ['a/x', 'a/x', 'a/x', 'b/y', 'b/y']\ncorrupted = [3, 4]\n")
+    (cell,) = load_sweep(path).cells
+    assert cell.argv[cell.argv.index("--models") + 1] == "b/y,b/y,a/x,a/x,a/x"
+    assert cell.argv[cell.argv.index("--corrupt") + 1] == "2"
+    assert cell.params["pattern"] == "2c3t" and cell.params["models"] == ["a/x", "a/x", "a/x", "b/y", "b/y"]
+    assert cell.name == "maj-gen-arith"
+
+
+def test_dry_run_at_paper_scale_lists_models_backends_and_lengths(no_loading, capsys, tmp_path):
+    path = next(p for p in CONFIGS if p.stem == "sac_table3_4")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--scale", "paper", "--dry-run"] +
+                (["--data-root", str(DATA)] if DATA.is_dir() else [])) in (0, 2)
+    out, err = capsys.readouterr()
+    if not DATA.is_dir():
+        assert "--data-root" in err  # the paper's data files are refused without it
+        return
+    assert "Qwen/Qwen3-4B" in out and "max_model_len needed 1960" in out
+    assert "enable_thinking" in out
+    assert "needs --backend openai --base-url" in out or "local engine" in out
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_cell_whose_model_is_not_here_fails_alone(tmp_path, no_loading, capsys):
+    path = tmp_path / "m.toml"
+    path.write_text(BASE + "[axes]\nmodel = ['nobody-here/no-such-model-1', 'nobody-here/no-such-model-2']\n")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    sweep = json.loads((tmp_path / "o" / SWEEP).read_text())
+    assert [c["status"] for c in sweep["cells"]] == ["failed", "failed"]
+    assert "is not on this machine" in sweep["cells"][0]["error"] and "--backend openai" in sweep["cells"][0]["error"]
+    err = capsys.readouterr().err
+    assert "2 cell(s) cannot run here" not in err and err.count("cannot run here") == 2  # once per model
+
+
+def test_a_cell_longer_than_the_models_context_fails_alone(tmp_path, no_loading):
+    path = tmp_path / "l.toml"
+    path.write_text(BASE + "model = 'smollm2-135m'\n[axes]\nmax_len = [9000]\n"
+                    "[models.'smollm2-135m']\nmax_model_len = 4096\n")  # e.g. what a server is configured with
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    (cell,) = json.loads((tmp_path / "o" / SWEEP).read_text())["cells"]
+    assert cell["status"] == "failed" and "needs max_model_len 9512" in cell["error"] and "4096" in cell["error"]
+
+
+def test_a_shipped_file_is_found_by_name(no_loading, tmp_path, capsys):
+    assert main(["sweep", "ct_table9", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    assert "ct_table9.toml" in capsys.readouterr().out
+    assert main(["sweep", "no_such_table", "--out", str(tmp_path / "o")]) == 2
+    assert "ct_table1" in capsys.readouterr().err  # the shipped names
+    assert main(["sweep", "ct_table9", "--out", str(tmp_path / "o"), "--backend", "openai"]) == 2
+    assert "--base-url" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_chat_template_kwargs_reach_the_template(smollm2_dir):
+    from transformers import AutoTokenizer
+    from byzantium.backends.base import LLM
+
+    class Plain(LLM):  # only the tokenizer side of an LLM
+        async def _generate(self, ids, params, tag=None): ...
+        async def _logprobs(self, ids, tag=None): ...
+        async def open_session(self, prompt, untrusted=False): ...
+        async def extend(self, session, tokens_or_text): ...
+        async def continue_(self, session, params=None, tag=None): ...
+        async def close_session(self, session): ...
+    llm = Plain()
+    llm.tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    llm.tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if think %} think{% endif %}"
+    messages = [{"role": "user", "content": "hi"}]
+    assert llm.decode(llm.render_chat(messages)) == "hi"
+    llm.chat_template_kwargs = {"think": True}
+    assert llm.decode(llm.render_chat(messages)) == "hi think"
+
+
+def test_borrowed_pool_sets_chat_template_kwargs_and_does_not_close():
+    class Pool:
+        shares, placement, closed = {}, None, False
+
+        def get(self, model=None):
+            return NativeLLM.__new__(NativeLLM)
+
+        def close(self):
+            self.closed = True
+    pool = Pool()
+    with Borrowed(pool, {"q/qwen3": {"chat_template_kwargs": {"enable_thinking": False}}}) as view:
+        assert view.get("q/qwen3").chat_template_kwargs == {"enable_thinking": False}
+        assert view.get("other/model").chat_template_kwargs == {}
+    assert not pool.closed
+
+
+# ------------------------------------------------------------------------- on the embedded model
+
+@pytest.mark.parametrize("stem", ["ct_table1", "sac_table3_4", "mas_main"])
+def test_the_smoke_scale_runs_end_to_end(stem, smollm2_dir, tmp_path, monkeypatch):
+    loads = []
+    real = byzantium.backends.LLMPool
+
+    class Counting(real):  # one engine per model for the whole sweep
+        def get(self, model=None):
+            if self._key(model) not in self._llms:
+                loads.append(model)
+            return super().get(model)
+    monkeypatch.setattr(byzantium.backends, "LLMPool", Counting)
+    path = next(p for p in CONFIGS if p.stem == stem)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    sweep = json.loads((out / SWEEP).read_text())
+    assert sweep["name"] == stem and sweep["scale"] == "smoke" and sweep["config"] == str(path)
+    assert sweep["cells"] and all(c["status"] == "done" for c in sweep["cells"]), sweep["cells"]
+    assert len(loads) == 1
+    for cell in sweep["cells"]:
+        summary = json.loads((out / cell["dir"] / "summary.json").read_text())
+        assert summary["complete"] and summary["instances"] == cell["params"]["limit"]
+        assert len(rows(out / cell["dir"])) == cell["params"]["limit"]
+
+
+def test_an_interrupted_sweep_resumes_without_redoing_instances(smollm2_dir, tmp_path, monkeypatch):
+    path = tmp_path / "r.toml"
+    path.write_text(BASE.replace("limit = 2", "limit = 3\nagents = 3\nmax_len = 8\nconcurrency = 1") +
+                    "[axes]\ncorrupt = [0, 1]\n")
+    out = tmp_path / "out"
+    argv = ["sweep", str(path), "--out", str(out), "--device", "cpu", "--no-progress"]
+    calls, stop_at = [], [5]
+    real = NativeLLM._generate
+
+    async def counting(self, ids, params, tag=None):
+        calls.append(tag)
+        if len(calls) == stop_at[0]:  # Ctrl-C in the middle of the first cell's second instance
+            os.kill(os.getpid(), signal.SIGINT)
+        return await real(self, ids, params, tag)
+    monkeypatch.setattr(NativeLLM, "_generate", counting)
+
+    assert main(argv) == 130
+    sweep = json.loads((out / SWEEP).read_text())
+    assert [c["status"] for c in sweep["cells"]] == ["pending", "pending"]
+    first = sweep["cells"][0]["dir"]
+    kept = rows(out / first)
+    assert len(kept) == 1 and not (out / sweep["cells"][1]["dir"]).exists()  # one MAJ instance = 3 answers
+
+    calls.clear()
+    stop_at[0] = -1
+    assert main(argv) == 0
+    assert len(calls) == 2 * 3 + 3 * 3  # the first cell's two missing instances, the second cell's three
+    again = rows(out / first)
+    assert again[0] == kept[0] and len({r["id"] for r in again}) == 3
+    sweep = json.loads((out / SWEEP).read_text())
+    assert [c["status"] for c in sweep["cells"]] == ["done", "done"]
+
+    calls.clear()
+    monkeypatch.setattr(byzantium.backends, "LLMPool", lambda *a, **k: pytest.fail("loaded a model"))
+    assert main(argv) == 0 and calls == []  # all done: no engine at all
