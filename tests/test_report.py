@@ -127,7 +127,7 @@ def test_published_numbers_only_where_they_match(runs):
     rows = {r["cell"]: r for r in tables([sweep])["Cells"]}
     assert [name for name, r in rows.items() if "CT Table 1" in r["paper"]] == ["rrmaj-2c"]
     assert [name for name, r in rows.items() if "SAC Table 3" in r["paper"]] == ["sac"]
-    assert "5.4-6.5 %" in rows["sac"]["paper"]
+    assert "5.4 to 6.5 %" in rows["sac"]["paper"]
     t = tables([sweep])
     assert not [r for title, rs in t.items() if title != "Published numbers" for r in rs
                 if "nowhere-to-be-seen" in json.dumps(r)]

@@ -203,7 +203,7 @@ def format_published(entries, with_metric=True) -> str:
     """'BFTI 5.4-6.5 % (SAC paper Table 3)'; '' when none."""
     parts = []
     for p in entries:
-        value = f"{p['value']:g}" + (f"-{p['value_max']:g}" if p.get("value_max") is not None else "")
+        value = f"{p['value']:g}" + (f" to {p['value_max']:g}" if p.get("value_max") is not None else "")
         unit = f" {p['unit']}" if p.get("unit") else ""
         metric = f"{p.get('metric')} " if with_metric and p.get("metric") else ""
         source = p.get("source") or p.get("table") or ""

@@ -128,8 +128,8 @@ def settings(protocol, n, weak, byzantine, adversary, F, T, topology, seed, scor
                 all_rounds=bool(all_rounds) if not sac else None, problems=problems, **(config or {}))
 
 
-def summarize(records, llms):
-    return {**summarize_metrics(records), "engine": engine_stats(llms)}
+def summarize(records, llms, since=None):
+    return {**summarize_metrics(records), "engine": engine_stats(llms, since)}
 
 
 def _counts(config):
@@ -211,9 +211,10 @@ def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=Non
     llms = [strong_llm] + ([weak_llm] if weak else []) + ([adversary_llm] if byzantine and adversary == "decoy" else [])
     recorded = settings(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, logprob_kind,
                         solve_params, judge_params, all_rounds, len(tasks), config, edges)
+    start = engine_stats(llms)  # summary.json counts this run's tokens only (engines shared by a sweep's cells)
     run_instances(tasks, solve, out, key=lambda t: t.id, concurrency=concurrency,
                   stats=lambda: engine_stats(llms), config=recorded,
-                  summarize=lambda records: summarize(records, llms), desc=protocol.upper(), progress=progress)
+                  summarize=lambda records: summarize(records, llms, start), desc=protocol.upper(), progress=progress)
     summary = json.loads((Path(out) / SUMMARY).read_text())
     if table:
         print_table(summary)
