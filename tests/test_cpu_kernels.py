@@ -107,8 +107,9 @@ def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("limit", [0, 4, 32])
 @pytest.mark.parametrize("new_tokens", [[1, 1, 1], [3, 0, 7], [32, 2, 5], [33, 1, 1], [40, 3, 9]])
-def test_short_append_prefill_runs_row_by_row_and_matches_reference(new_tokens):
+def test_append_prefill_goes_row_by_row_per_sequence_and_matches_reference(new_tokens, limit, monkeypatch):
     from byzantium.kernels import cpu, reference
     batch, block_size = len(new_tokens), 16
     _, k_cache, v_cache, lengths, tables = paged_case(batch, 9, 3, 64, block_size, 90, seed=sum(new_tokens),
@@ -117,18 +118,36 @@ def test_short_append_prefill_runs_row_by_row_and_matches_reference(new_tokens):
     q = torch.randn(int(cu[-1]), 9, 64, generator=torch.Generator().manual_seed(3))
     calls = []
     real = ext.paged_decode_attention
-    cpu_ext_load = cpu.cpu_ext.load
     spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
                            "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))})
-    cpu.cpu_ext.load = lambda: spy
-    try:
-        got = cpu.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
-    finally:
-        cpu.cpu_ext.load = cpu_ext_load
+    monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
+    monkeypatch.setattr(cpu, "row_limit", lambda *shape: limit)  # what this machine might have measured
+    got = cpu.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
     want = reference.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert calls == ([int(cu[-1])] if max(new_tokens) <= cpu.ROW_BY_ROW_MAX_NEW else [])
+    # Each sequence by its own new tokens: the short ones' tokens in one row-by-row call.
+    short = sum(n for n in new_tokens if 0 < n <= limit)
+    assert calls == ([short] if short else [])
+
+
+def test_row_limit_is_measured_once_per_machine_and_head_shape(tmp_path, monkeypatch):
+    import json
+
+    from byzantium.kernels import cpu, linear_choice
+    monkeypatch.setenv("BYZANTIUM_CACHE", str(tmp_path))
+    cpu.row_limit.cache_clear()
+    limit = cpu.row_limit(4, 2, 64, 16)
+    assert limit in cpu.ROW_LIMIT_CANDIDATES
+    entry = json.loads((tmp_path / "linear_choice.json").read_text())[linear_choice.machine_key()]
+    (measured,) = [v for k, v in entry.items() if k.startswith("attention rows 4x2x64")]
+    assert measured["limit"] == limit and measured["seconds"]
+    for new, times in measured["seconds"].items():  # rows won (or tied) at every size up to the limit
+        assert int(new) > limit or times["rows"] <= times["sdpa"]
+    cpu.row_limit.cache_clear()
+    monkeypatch.setattr(cpu, "_measure_row_limit", lambda *a: pytest.fail("measured again"))
+    assert cpu.row_limit(4, 2, 64, 16) == limit
+    cpu.row_limit.cache_clear()
 
 
 def test_decode_attention_bad_calls_and_fallback():

@@ -7,19 +7,25 @@ the kernel reads them in place (0.37 vs 8.3 ms a layer at batch 32, 176 tokens, 
 agents' tokens added to a session) is the same computation row by row, new token j of a sequence being a
 query over the first `seq_lens[b] - q_len + j + 1` positions, so it goes to the kernel too. Measured per
 layer, 5 sequences with 1024 cached tokens, against the gather + SDPA path: 9.3x at 1 new token, 4.1x at
-4, 2.4x at 8, 1.5x at 16, 1.1x at 32, 0.9x at 64. What the kernel does not cover (another dtype or head
-size, a device other than the CPU, longer prefills) goes to the reference, whose contract it shares.
+4, 2.4x at 8, 1.5x at 16, 1.1x at 32, 0.9x at 64 on one machine; where the two cross differs between
+CPUs, so the limit is measured on the machine at hand (`row_limit`, once per head shape, cached with the
+linear choices) and applied per sequence: a sequence's path depends on its own new tokens, not on what
+else is in the step. What the kernel does not cover (another dtype or head size, a device other than
+the CPU, longer prefills) goes to the reference, whose contract it shares.
 
 Sliding-window layers (`window=W`): the kernel always reads a sequence from its first token, so it takes
 them only while no query is further than W tokens in (the window then changes nothing); past that they
 go to the reference, which reads just the window.
 """
+import functools
+import time
+
 import torch
 
 from . import cpu_ext, reference, warn_once
 from .reference import store_kv  # noqa: F401 - part of this backend's three functions
 
-ROW_BY_ROW_MAX_NEW = 32  # new tokens per sequence up to which an append prefill runs row by row (see above)
+ROW_LIMIT_CANDIDATES = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # new tokens per sequence, timed by row_limit
 
 
 def available() -> bool:
@@ -56,13 +62,22 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
     ext = _kernel(q, k_cache)
-    rows = None if ext is None or not _within(window, seq_lens) else reference._per_step(
-        "cpu-rows", (cu_seqlens_q, seq_lens, block_tables), lambda: _rows(cu_seqlens_q, seq_lens, block_tables))
+    if ext is None or not _within(window, seq_lens):
+        return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
+                                                   window)
+    limit = row_limit(q.shape[1], k_cache.shape[-2], q.shape[-1], k_cache.shape[1])
+    rows, rest = reference._per_step("cpu-split", (cu_seqlens_q, seq_lens, block_tables),
+                                     lambda: _split(cu_seqlens_q, seq_lens, block_tables, limit))
+    if rest is None:  # every sequence row by row
+        return ext.paged_decode_attention(q, k_cache, v_cache, rows[1], rows[2], scale)
     if rows is None:
         return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
                                                    window)
-    row_lens, row_tables = rows
-    return ext.paged_decode_attention(q, k_cache, v_cache, row_lens, row_tables, scale)
+    out = torch.empty_like(q)
+    out[rows[0]] = ext.paged_decode_attention(q[rows[0]], k_cache, v_cache, rows[1], rows[2], scale)
+    out[rest[0]] = reference.append_prefill_attention(q[rest[0]], k_cache, v_cache, rest[1], rest[2], rest[3], scale,
+                                                      window)
+    return out
 
 
 def _within(window, seq_lens):
@@ -71,13 +86,72 @@ def _within(window, seq_lens):
         f"cpu-within-{window}", (seq_lens,), lambda: int(seq_lens.max()) <= window)
 
 
-def _rows(cu_seqlens_q, seq_lens, block_tables):
-    """Every new token as a decode query: (its visible length, its sequence's block table), or None when
-    some sequence adds more than ROW_BY_ROW_MAX_NEW tokens."""
+def _split(cu_seqlens_q, seq_lens, block_tables, limit):
+    """The sequences adding at most `limit` tokens, every new token a decode query: (their token indices,
+    each token's visible length, its sequence's block table); and the others as an append prefill of
+    their own: (token indices, cu_seqlens_q, seq_lens, block_tables). Either is None when empty."""
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
-    if int(q_lens.max()) > ROW_BY_ROW_MAX_NEW:
-        return None
+    short = q_lens <= limit
     owner = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens)
     offset = torch.arange(len(owner), device=owner.device) - cu_seqlens_q[:-1].long()[owner]
-    visible = seq_lens.long()[owner] - q_lens[owner] + offset + 1
-    return visible.to(torch.int32), block_tables[owner]
+    token_short = short[owner]
+    rows = rest = None
+    if bool(token_short.any()):
+        index = token_short.nonzero().squeeze(1)
+        o = owner[index]
+        visible = seq_lens.long()[o] - q_lens[o] + offset[index] + 1
+        rows = (index, visible.to(torch.int32), block_tables[o])
+    if not bool(short.all()):
+        index = (~token_short).nonzero().squeeze(1)
+        long_lens = q_lens[~short]
+        cu = torch.zeros(len(long_lens) + 1, dtype=cu_seqlens_q.dtype, device=cu_seqlens_q.device)
+        cu[1:] = long_lens.cumsum(0)
+        rest = (index, cu, seq_lens[~short], block_tables[~short])
+    return rows, rest
+
+
+@functools.cache
+def row_limit(num_heads, num_kv_heads, head_dim, block_size):
+    """The most new tokens of a sequence for which row-by-row decode queries beat the gathered SDPA path
+    on this machine (timed once per head shape, then read from the per-machine cache)."""
+    from .linear_choice import locked_cache, machine_key
+    key = f"attention rows {num_heads}x{num_kv_heads}x{head_dim} block {block_size}"
+    with locked_cache() as cache:
+        machine = cache.setdefault(machine_key(), {})
+        if key not in machine:
+            machine[key] = _measure_row_limit(num_heads, num_kv_heads, head_dim, block_size)
+        return machine[key]["limit"]
+
+
+def _measure_row_limit(num_heads, num_kv_heads, head_dim, block_size, batch=4, context=512):
+    """Time both paths for appends of 1..128 tokens to `batch` sequences of `context` cached tokens; the
+    limit is the largest size up to which rows never lost."""
+    ext = cpu_ext.load()
+    g = torch.Generator().manual_seed(0)
+    width = -(-(context + max(ROW_LIMIT_CANDIDATES)) // block_size)
+    k_cache = torch.randn(batch * width, block_size, num_kv_heads, head_dim, generator=g)
+    v_cache = torch.randn(batch * width, block_size, num_kv_heads, head_dim, generator=g)
+    tables = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+    seconds, limit = {}, 0
+    for new in ROW_LIMIT_CANDIDATES[1:]:
+        q = torch.randn(batch * new, num_heads, head_dim, generator=g)
+        cu = torch.arange(0, batch * new + 1, new, dtype=torch.int32)
+        lens = torch.full((batch,), context + new, dtype=torch.int32)
+        rows, _ = _split(cu, lens, tables, new)
+        timed = {"rows": lambda: ext.paged_decode_attention(q, k_cache, v_cache, rows[1], rows[2], 0.125),
+                 "sdpa": lambda: reference.append_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.125)}
+        seconds[new] = {name: _best_of(fn) for name, fn in timed.items()}
+        if seconds[new]["rows"] > seconds[new]["sdpa"]:
+            break
+        limit = new
+    return {"limit": limit, "seconds": seconds}
+
+
+def _best_of(fn, repeats=5):
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best

@@ -124,9 +124,9 @@ def time_shape(candidate, weights, in_features, generator):
 
 
 @contextlib.contextmanager
-def _locked_cache():
-    """The cache file's contents, read and written under an exclusive lock: processes that start together
-    (Ray replicas) measure once and agree."""
+def locked_cache():
+    """The per-machine kernel choices (these linears', kernels/cpu.py's attention paths), read and written
+    under an exclusive lock: processes that start together (Ray replicas) measure once and agree."""
     path = cache_root() / "linear_choice.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
@@ -166,7 +166,7 @@ def choose(weights_by_shape, available):
         return {shape: {phase: name for phase in PHASES} for shape in weights_by_shape}, {}
     choices, measured = {}, {}
     generator = torch.Generator().manual_seed(0)
-    with _locked_cache() as cache, torch.inference_mode():
+    with locked_cache() as cache, torch.inference_mode():
         machine = cache.setdefault(machine_key(), {})
         for (k, n), weights in weights_by_shape.items():
             key = f"{k}x{n} {'+'.join(c.name for c in available)}"
@@ -185,4 +185,4 @@ def choose(weights_by_shape, available):
 
 
 __all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "batch_invariant", "candidates", "choose",
-           "cpu_name", "machine_key"]
+           "cpu_name", "locked_cache", "machine_key"]
