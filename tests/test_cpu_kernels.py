@@ -107,6 +107,26 @@ def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("head_dim, max_len", [(64, 75), (16, 50), (128, 300)])
+def test_decode_attention_reads_a_bf16_cache(head_dim, max_len):
+    from byzantium.kernels import cpu, reference
+    q, k_cache, v_cache, lengths, tables = paged_case(5, 8, 2, head_dim, 16, max_len, seed=head_dim + max_len)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    scale = head_dim ** -0.5
+    # Widening bf16 is exact: the kernel on the bf16 pool equals fp32 attention over the same values.
+    want = reference.paged_decode_attention(q, k16.float(), v16.float(), lengths, tables, scale)
+    got = ext.paged_decode_attention(q, k16, v16, lengths, tables, scale)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Through the backend, bf16 queries in and out (as a bf16 engine calls it).
+    out = cpu.paged_decode_attention(q.bfloat16(), k16, v16, lengths, tables, scale)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference.paged_decode_attention(
+        q.bfloat16().float(), k16.float(), v16.float(), lengths, tables, scale), rtol=1e-2, atol=1e-2)
+    with pytest.raises(RuntimeError, match="fp32 queries"):
+        ext.paged_decode_attention(q.bfloat16(), k16, v16, lengths, tables, scale)
+
 @pytest.mark.parametrize("limit", [0, 4, 32])
 @pytest.mark.parametrize("new_tokens", [[1, 1, 1], [3, 0, 7], [32, 2, 5], [33, 1, 1], [40, 3, 9]])
 def test_append_prefill_goes_row_by_row_per_sequence_and_matches_reference(new_tokens, limit, monkeypatch):

@@ -42,9 +42,9 @@ def _kernel(q, k_cache):
     ext = cpu_ext.load()
     if ext is None:
         return None
-    if q.device.type != "cpu" or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
-        warn_once(f"byzantium: the CPU attention kernel takes fp32 CPU tensors; {q.dtype} on {q.device.type} "
-                  f"uses the torch reference")
+    if q.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.bfloat16):
+        warn_once(f"byzantium: the CPU attention kernel takes an fp32 or bf16 KV cache on the CPU; {k_cache.dtype} "
+                  f"on {q.device.type} uses the torch reference")
         return None
     if not ext.decode_supported(q.shape[-1]):
         warn_once(f"byzantium: the CPU attention kernel does not support head size {q.shape[-1]}; "
@@ -57,7 +57,7 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
     ext = _kernel(q, k_cache)
     if ext is None or not _within(window, seq_lens):
         return reference.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window)
-    return ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)
+    return _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale)
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
@@ -69,15 +69,20 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     rows, rest = reference._per_step("cpu-split", (cu_seqlens_q, seq_lens, block_tables),
                                      lambda: _split(cu_seqlens_q, seq_lens, block_tables, limit))
     if rest is None:  # every sequence row by row
-        return ext.paged_decode_attention(q, k_cache, v_cache, rows[1], rows[2], scale)
+        return _decode(ext, q, k_cache, v_cache, rows[1], rows[2], scale)
     if rows is None:
         return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
                                                    window)
     out = torch.empty_like(q)
-    out[rows[0]] = ext.paged_decode_attention(q[rows[0]], k_cache, v_cache, rows[1], rows[2], scale)
+    out[rows[0]] = _decode(ext, q[rows[0]], k_cache, v_cache, rows[1], rows[2], scale)
     out[rest[0]] = reference.append_prefill_attention(q[rest[0]], k_cache, v_cache, rest[1], rest[2], rest[3], scale,
                                                       window)
     return out
+
+
+def _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale):
+    """The kernel computes in fp32 (a bf16 cache is widened as it is read): queries in, output out."""
+    return ext.paged_decode_attention(q.float(), k_cache, v_cache, seq_lens, block_tables, scale).to(q.dtype)
 
 
 def _within(window, seq_lens):

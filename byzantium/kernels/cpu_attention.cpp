@@ -1,5 +1,6 @@
-// Paged decode attention for x86 CPUs with AVX2 + FMA, fp32: the contract of
-// reference.paged_decode_attention, reading K/V in place from the block pool.
+// Paged decode attention for x86 CPUs with AVX2 + FMA: the contract of reference.paged_decode_attention,
+// reading K/V in place from the block pool. Queries, arithmetic and output in fp32; the pool in fp32 or
+// bf16 (each bf16 value widened as it is loaded: bf16 is the upper half of an fp32).
 //
 // The torch path gathers every sequence's K/V into a fresh tensor each layer and then runs SDPA; at
 // batch 32 the gather alone costs as much as the attention. Here each sequence walks its block table once
@@ -32,6 +33,11 @@ static inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
 static inline float hsum(__m256 v) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   h = _mm_hadd_ps(h, h);
@@ -47,46 +53,47 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 
 // One work item: a sequence's consecutive KV heads first_kv .. first_kv + kv_heads - 1 and the
 // `heads` = kv_heads * group query heads that read them (query head j of the item reads KV head j / group).
+template <typename T>  // the pool's element: float, or uint16_t holding bf16
 struct Walk {
-  const float* k;        // k_cache + first_kv * D; slot s, KV head h of the item at k + s * stride + h * D
-  const float* v;
+  const T* k;            // k_cache + first_kv * D; slot s, KV head h of the item at k + s * stride + h * D
+  const T* v;
   const int32_t* table;  // the sequence's block table
   int64_t length, block_size, stride, group;
 };
 
 // scores[j][t] = q[j] . k_t for the item's query heads (q already scaled), t < length. Block by block,
 // every head in turn, so each block is read from memory once and in order. DV = head_dim / 8.
-template <int DV>
-static void score_pass(const float* q, int64_t heads, const Walk& w, float* scores) {
+template <int DV, typename T>
+static void score_pass(const float* q, int64_t heads, const Walk<T>& w, float* scores) {
   for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
     const int64_t n = std::min(w.block_size, w.length - pos);
-    const float* block = w.k + (int64_t)w.table[blk] * w.block_size * w.stride;
+    const T* block = w.k + (int64_t)w.table[blk] * w.block_size * w.stride;
     for (int64_t j = 0; j < heads; ++j) {
-      const float* base = block + (j / w.group) * 8 * DV;
+      const T* base = block + (j / w.group) * 8 * DV;
       __m256 qv[DV];
       for (int i = 0; i < DV; ++i) qv[i] = _mm256_loadu_ps(q + j * 8 * DV + 8 * i);
       float* row = scores + j * w.length + pos;
       int64_t t = 0;
       for (; t + 4 <= n; t += 4) {  // four tokens at once, even and odd halves apart: eight FMA chains
-        const float* k0 = base + t * w.stride;
+        const T* k0 = base + t * w.stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
         for (int i = 0; i < DV; i += 2) {  // every supported head size has an even DV
-          a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 8 * i), a0);
-          a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + w.stride + 8 * i), a1);
-          a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i), a2);
-          a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i), a3);
-          c0 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 8 * i + 8), c0);
-          c1 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + w.stride + 8 * i + 8), c1);
-          c2 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 2 * w.stride + 8 * i + 8), c2);
-          c3 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 3 * w.stride + 8 * i + 8), c3);
+          a0 = _mm256_fmadd_ps(qv[i], load8(k0 + 8 * i), a0);
+          a1 = _mm256_fmadd_ps(qv[i], load8(k0 + w.stride + 8 * i), a1);
+          a2 = _mm256_fmadd_ps(qv[i], load8(k0 + 2 * w.stride + 8 * i), a2);
+          a3 = _mm256_fmadd_ps(qv[i], load8(k0 + 3 * w.stride + 8 * i), a3);
+          c0 = _mm256_fmadd_ps(qv[i + 1], load8(k0 + 8 * i + 8), c0);
+          c1 = _mm256_fmadd_ps(qv[i + 1], load8(k0 + w.stride + 8 * i + 8), c1);
+          c2 = _mm256_fmadd_ps(qv[i + 1], load8(k0 + 2 * w.stride + 8 * i + 8), c2);
+          c3 = _mm256_fmadd_ps(qv[i + 1], load8(k0 + 3 * w.stride + 8 * i + 8), c3);
         }
         _mm_storeu_ps(row + t, hsum4(_mm256_add_ps(a0, c0), _mm256_add_ps(a1, c1), _mm256_add_ps(a2, c2),
                                      _mm256_add_ps(a3, c3)));
       }
       for (; t < n; ++t) {
-        const float* kt = base + t * w.stride;
+        const T* kt = base + t * w.stride;
         __m256 a = _mm256_setzero_ps();
-        for (int i = 0; i < DV; ++i) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kt + 8 * i), a);
+        for (int i = 0; i < DV; ++i) a = _mm256_fmadd_ps(qv[i], load8(kt + 8 * i), a);
         row[t] = hsum(a);
       }
     }
@@ -112,21 +119,21 @@ static float softmax_numerators(float* s, int64_t length) {
 }
 
 // out[j] = sum_t p[j][t] v_t / sums[j]; block by block like score_pass, each head's running sum in acc.
-template <int DV>
-static void value_pass(const float* p, const float* sums, int64_t heads, const Walk& w, float* acc, float* out) {
+template <int DV, typename T>
+static void value_pass(const float* p, const float* sums, int64_t heads, const Walk<T>& w, float* acc, float* out) {
   std::fill(acc, acc + heads * 8 * DV, 0.0f);
   for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
     const int64_t n = std::min(w.block_size, w.length - pos);
-    const float* block = w.v + (int64_t)w.table[blk] * w.block_size * w.stride;
+    const T* block = w.v + (int64_t)w.table[blk] * w.block_size * w.stride;
     for (int64_t j = 0; j < heads; ++j) {
-      const float* base = block + (j / w.group) * 8 * DV;
+      const T* base = block + (j / w.group) * 8 * DV;
       __m256 a[DV];
       for (int i = 0; i < DV; ++i) a[i] = _mm256_loadu_ps(acc + j * 8 * DV + 8 * i);
       const float* weights = p + j * w.length + pos;
       for (int64_t t = 0; t < n; ++t) {
         const __m256 weight = _mm256_set1_ps(weights[t]);
-        const float* vt = base + t * w.stride;
-        for (int i = 0; i < DV; ++i) a[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vt + 8 * i), a[i]);
+        const T* vt = base + t * w.stride;
+        for (int i = 0; i < DV; ++i) a[i] = _mm256_fmadd_ps(weight, load8(vt + 8 * i), a[i]);
       }
       for (int i = 0; i < DV; ++i) _mm256_storeu_ps(acc + j * 8 * DV + 8 * i, a[i]);
     }
@@ -139,8 +146,8 @@ static void value_pass(const float* p, const float* sums, int64_t heads, const W
   }
 }
 
-template <int DV>
-static void decode(const float* q, const float* kc, const float* vc, const int32_t* lens, const int32_t* tables,
+template <int DV, typename T>
+static void decode(const float* q, const T* kc, const T* vc, const int32_t* lens, const int32_t* tables,
                    float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t block_size, int64_t table_width,
                    float scale) {
   constexpr int D = 8 * DV;
@@ -153,14 +160,14 @@ static void decode(const float* q, const float* kc, const float* vc, const int32
     std::vector<float> scores, scaled_q(heads * D), acc(heads * D), sums(heads);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / items_per_seq, first_kv = (item % items_per_seq) * kv_per_item;
-      const Walk w{kc + first_kv * D, vc + first_kv * D, tables + b * table_width, lens[b], block_size, Hkv * D, group};
+      const Walk<T> w{kc + first_kv * D, vc + first_kv * D, tables + b * table_width, lens[b], block_size, Hkv * D, group};
       // The item's query heads are consecutive: first_kv * group .. + heads - 1.
       const int64_t first_head = b * Hq + first_kv * group;
       for (int64_t d = 0; d < heads * D; ++d) scaled_q[d] = q[first_head * D + d] * scale;
       scores.resize(heads * w.length);
-      score_pass<DV>(scaled_q.data(), heads, w, scores.data());
+      score_pass<DV, T>(scaled_q.data(), heads, w, scores.data());
       for (int64_t j = 0; j < heads; ++j) sums[j] = softmax_numerators(scores.data() + j * w.length, w.length);
-      value_pass<DV>(scores.data(), sums.data(), heads, w, acc.data(), out + first_head * D);
+      value_pass<DV, T>(scores.data(), sums.data(), heads, w, acc.data(), out + first_head * D);
     }
   });
 }
@@ -171,11 +178,27 @@ bool decode_supported(int64_t head_dim) {
   return false;
 }
 
+template <typename T>
+static void dispatch(int64_t D, const float* qp, const T* kp, const T* vp, const int32_t* lp, const int32_t* tp,
+                     float* op, int64_t B, int64_t Hq, int64_t Hkv, int64_t block_size, int64_t width, float scale) {
+  switch (D) {
+    case 16: decode<2, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 32: decode<4, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 64: decode<8, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 80: decode<10, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 96: decode<12, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 128: decode<16, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    default: decode<32, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+  }
+}
+
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor seq_lens, torch::Tensor block_tables, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_decode_attention: shapes");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat,
-              "paged_decode_attention: fp32 only");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (k_cache.scalar_type() == at::kFloat || bf16) &&
+              v_cache.scalar_type() == k_cache.scalar_type(),
+              "paged_decode_attention: fp32 queries, an fp32 or bf16 cache");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode_attention: contiguous cache");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2);
@@ -188,18 +211,15 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= tables.size(1) * block_size, "paged_decode_attention: seq_lens out of range");
   auto out = torch::empty_like(q);
-  const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
   const int32_t* tp = tables.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const int64_t width = tables.size(1);
-  switch (D) {
-    case 16: decode<2>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-    case 32: decode<4>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-    case 64: decode<8>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-    case 80: decode<10>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-    case 96: decode<12>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-    case 128: decode<16>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-    default: decode<32>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, (float)scale); break;
-  }
+  if (bf16)
+    dispatch(D, qp, (const uint16_t*)k_cache.data_ptr(), (const uint16_t*)v_cache.data_ptr(), lp, tp, op, B, Hq, Hkv,
+             block_size, width, (float)scale);
+  else
+    dispatch(D, qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), lp, tp, op, B, Hq, Hkv, block_size, width,
+             (float)scale);
   return out;
 }
