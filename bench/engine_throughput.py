@@ -7,6 +7,7 @@ to the first token; decode = first to last token), the engine through its per-st
 prefill vs pure decode steps; a step that prefills counts as prefill). Runs alternate between the two engines; the best of --repeats counts.
 
     python bench/engine_throughput.py [--model smollm2-135m] [--batches 1,8,32] [--prompt-len 128] [--new 64]
+        [--dtype float32|bfloat16]
 """
 import argparse
 import json
@@ -57,13 +58,15 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="both sides' dtype (bfloat16: the CPU's bf16 units where it has them)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine_throughput.json"))
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
     model_dir = resolve_model(args.model)
-    engine = Engine(model_dir, dtype="float32", device="cpu")
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    engine = Engine(model_dir, dtype=args.dtype, device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
     vocab = engine.config.vocab_size
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -85,7 +88,7 @@ def main():
         print(f"batch {batch:3d}: prefill {mine['prefill_tok_s']:8.1f} vs {ref['prefill_tok_s']:8.1f} tok/s "
               f"({rows[-1]['prefill_ratio']:.2f}x)   decode {mine['decode_tok_s']:7.1f} vs {ref['decode_tok_s']:7.1f} "
               f"tok/s ({rows[-1]['decode_ratio']:.2f}x)", flush=True)
-    result = {"model": args.model, "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
+    result = {"model": args.model, "dtype": args.dtype, "linear_kernels": engine.describe()["linear_kernels"], "device": "cpu", "threads": torch.get_num_threads(),
               "torch": torch.__version__, "machine": platform.machine(), "prompt_len": args.prompt_len,
               "new_tokens": args.new, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

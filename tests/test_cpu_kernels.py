@@ -47,7 +47,7 @@ def test_engine_packs_its_linears_on_the_chosen_kernels(tiny_llama):
     layer = engine.model.model.layers[0].mlp.down_proj
     chosen = engine.describe()["linear_kernels"][f"{layer.in_features}x{layer.out_features}"]
     assert isinstance(layer, PackedLinear) and {k.name for k in layer.kernels.values()} == set(chosen.values())
-    assert chosen.keys() == {"decode", "prefill"} and set(chosen.values()) <= {"panels", "onednn"}
+    assert chosen.keys() == {"decode", "prefill"} and set(chosen.values()) <= {"panels", "onednn", "torch"}
     x = torch.randn(3, layer.in_features)
     plain = Engine(tiny_llama[1], num_blocks=64, cpu_packed_linears=False)
     reference = plain.model.model.layers[0].mlp.down_proj

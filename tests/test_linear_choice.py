@@ -31,7 +31,8 @@ def test_each_candidate_is_exact_and_batch_invariant():
         packed = candidate.pack(weight)
         padded = candidate.pad_bias(bias, packed, 48) if isinstance(candidate, linear_choice.Panels) else bias
         torch.testing.assert_close(candidate.run(x, packed, padded, 48), want, rtol=1e-5, atol=1e-5)
-        assert linear_choice.batch_invariant(candidate, weight, g), candidate.name
+        if candidate.name != "torch":  # F.linear may round a row differently with more rows: checked per shape
+            assert linear_choice.batch_invariant(candidate, weight, g), candidate.name
 
 
 @needs_both
@@ -41,7 +42,7 @@ def test_choice_is_measured_once_and_cached_per_machine(cache, monkeypatch):
     choices, measured = linear_choice.choose(weights, available)
     assert choices.keys() == weights.keys() and measured.keys() == weights.keys()
     for shape, timings in measured.items():
-        assert timings.keys() == {"panels", "onednn"}
+        assert {"panels", "onednn"} <= timings.keys() <= {"panels", "onednn", "torch"}
         for phase in linear_choice.PHASES:  # the winner is the fastest measured
             assert choices[shape][phase] == min(timings, key=lambda c: timings[c][phase])
     stored = json.loads(cache.read_text())
@@ -82,3 +83,21 @@ def test_phase_split_kernels_keep_tokens_batch_independent(tiny_llama, cache, mo
     monkeypatch.undo()
     plain = Engine(tiny_llama[1], num_blocks=128, cpu_packed_linears=False)
     assert [o.token_ids for o in plain.generate(prompts, params)] == together
+
+
+@pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.bfloat16), reason="no bf16 oneDNN on this CPU")
+def test_bf16_engine_on_the_cpu_uses_bf16_kernels_and_stays_close_to_fp32(tiny_llama):
+    path = tiny_llama[1]
+    bf16 = Engine(path, num_blocks=128, dtype="bfloat16")
+    described = bf16.describe()
+    assert {k for choice in described["linear_kernels"].values() for k in choice.values()} <= {"onednn", "torch"}
+    assert described["attention_backend"] == "cpu" and bf16.kv_cache.dtype == torch.bfloat16
+    prompts = random_prompts([5, 30, 17, 44], seed=4)
+    want = Engine(path, num_blocks=128).logits(prompts)
+    got = bf16.logits(prompts)
+    assert got.dtype == torch.float32
+    # bf16 keeps ~3 significant digits: the same distribution, not the same bits.
+    assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.99
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    alone = [bf16.generate([p], params)[0].token_ids for p in prompts]
+    assert [o.token_ids for o in bf16.generate(prompts, params)] == alone  # batch-independent in bf16 too

@@ -204,14 +204,14 @@ class Engine:
         model.load_weights(iter_safetensors(model_dir, self.device))  # one tensor at a time, straight to the device
         # Linears: "torch", or {"INxOUT": {"decode": kernel, "prefill": kernel}} as measured on this CPU.
         self.linear_kernels, self.linear_timings = "torch", {}
-        if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype == torch.float32:
-            kernels = cpu_ext.load() if self.cpu_kernels else None  # load() logs why it is None
+        if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
+            fp32 = self.dtype == torch.float32
+            kernels = cpu_ext.load() if self.cpu_kernels and fp32 else None  # load() logs why it is None
             onednn = packing_available(self.device, self.dtype)
-            if kernels is not None or onednn:
-                self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn)
-            else:
+            if fp32 and kernels is None and not onednn:
                 warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
                           "the linears are plain torch (slower on the CPU)")
+            self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn, self.dtype)
         # Where a shape's decode and prefill kernels differ, a step runs its phases as two passes.
         self.split_phases = isinstance(self.linear_kernels, dict) and any(
             len(set(choice.values())) > 1 for choice in self.linear_kernels.values())

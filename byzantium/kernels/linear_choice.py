@@ -73,9 +73,22 @@ class OneDNN(Candidate):
         return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
-def candidates(kernels, onednn):
-    """The kernels available here: the panel GEMM when the CPU kernels built, oneDNN when its packing works."""
-    return [c for c, ok in ((Panels(kernels), kernels is not None), (OneDNN(), onednn)) if ok]
+class Torch(Candidate):
+    """F.linear on the weight as loaded: what transformers runs (oneDNN or MKL picked per call by torch)."""
+    name = "torch"
+
+    def pack(self, weight):
+        return weight.contiguous()
+
+    def run(self, rows, packed, bias, out_features):
+        return torch.nn.functional.linear(rows, packed, bias)
+
+
+def candidates(kernels, onednn, dtype=torch.float32):
+    """The kernels available here for `dtype`: the panel GEMM (fp32) when the CPU kernels built, oneDNN
+    when its packing works, and plain F.linear (admitted per shape only where it is batch-invariant)."""
+    return [c for c, ok in ((Panels(kernels), kernels is not None and dtype == torch.float32), (OneDNN(), onednn),
+                            (Torch(), True)) if ok]
 
 
 def cpu_name():
@@ -91,7 +104,7 @@ def machine_key():
 
 def batch_invariant(candidate, weight, generator):
     """Whether each output row is bitwise the same whatever the number of rows in the call."""
-    rows = torch.randn(40, weight.shape[1], generator=generator)
+    rows = torch.randn(40, weight.shape[1], generator=generator).to(weight.dtype)
     packed = candidate.pack(weight)
     full = candidate.run(rows, packed, None, weight.shape[0])
     return all(torch.equal(candidate.run(rows[:m], packed, None, weight.shape[0]), full[:m]) for m in (1, 2, 3, 8, 17))
@@ -116,9 +129,9 @@ def time_shape(candidate, weights, in_features, generator):
     out = weights[0].shape[0]
     decode = 0.0
     for m in DECODE_ROWS:
-        x = torch.randn(m, in_features, generator=generator)
+        x = torch.randn(m, in_features, generator=generator).to(weights[0].dtype)
         decode += _seconds(lambda: [candidate.run(x, p, None, out) for p in packed], 3) / copies
-    x = torch.randn(PREFILL_ROWS, in_features, generator=generator)
+    x = torch.randn(PREFILL_ROWS, in_features, generator=generator).to(weights[0].dtype)
     prefill = _seconds(lambda: candidate.run(x, packed[0], None, out), 3)
     return {"decode": decode, "prefill": prefill}
 
@@ -169,7 +182,8 @@ def choose(weights_by_shape, available):
     with locked_cache() as cache, torch.inference_mode():
         machine = cache.setdefault(machine_key(), {})
         for (k, n), weights in weights_by_shape.items():
-            key = f"{k}x{n} {'+'.join(c.name for c in available)}"
+            dtype = str(weights[0].dtype).removeprefix("torch.")
+            key = f"{k}x{n} {dtype} {'+'.join(c.name for c in available)}"
             if key not in machine:
                 timings = {}
                 for candidate in available:
@@ -184,5 +198,5 @@ def choose(weights_by_shape, available):
     return choices, measured
 
 
-__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "batch_invariant", "candidates", "choose",
+__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Torch", "batch_invariant", "candidates", "choose",
            "cpu_name", "locked_cache", "machine_key"]

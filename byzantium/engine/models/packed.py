@@ -1,8 +1,9 @@
-"""CPU fp32 linears with their weights repacked once at load time, each shape on the kernel that measured
+"""CPU linears (fp32, bf16) with their weights repacked once at load time, each shape on the kernel that measured
 fastest on this machine for each phase of a step (kernels/linear_choice.py).
 
-The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, when the CPU kernels build) and oneDNN's
-prepacked weights (the path torch.compile's CPU freezing takes). A shape whose decode and prefill winners
+The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, fp32, when the CPU kernels build), oneDNN's
+prepacked weights (the path torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain
+F.linear (transformers' path, where it is batch-invariant). A shape whose decode and prefill winners
 differ keeps both layouts, and the engine then runs a step's prefill rows and decode rows as two forward
 passes (`linear_phase` says which one is running), so every token goes through the same kernel whatever
 batch it is in. Only the packed layouts are kept (a tied lm_head's weight still lives on as the embedding).
@@ -27,12 +28,14 @@ def linear_phase(phase):
 
 
 def packing_available(device, dtype):
-    """Whether oneDNN's weight prepacking works here (CPU, fp32)."""
-    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    """Whether oneDNN's weight prepacking works here (CPU; fp32, or bf16 where the CPU has bf16 units)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
         return False
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4), 32)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), packed, None, "none", [], "")
+        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4, dtype=dtype), 32)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4, dtype=dtype), packed, None, "none", [], "")
         return bool(torch.all(out == 4))
     except (AttributeError, RuntimeError):  # private ops: absent or broken on some builds
         return False
@@ -68,11 +71,10 @@ class PackedLinear(nn.Module):
             f"{phase}={kernel.name}" for phase, kernel in self.kernels.items())
 
 
-def pack_linears(model, kernels=None, onednn=True):
+def pack_linears(model, kernels=None, onednn=True, dtype=torch.float32):
     """Replace every nn.Linear of `model` by a PackedLinear on the kernels chosen for its shape (call after
-    the weights are loaded). Returns ({"INxOUT": {phase: name}}, {shape: measured seconds}); ({}, {}) when
-    no candidate is available here (the linears stay plain torch)."""
-    available = candidates(kernels, onednn)
+    the weights are loaded). Returns ({"INxOUT": {phase: name}}, {shape: measured seconds})."""
+    available = candidates(kernels, onednn, dtype)
     linears = [(module, name, child) for module in model.modules() for name, child in module.named_children()
                if isinstance(child, nn.Linear)]
     by_shape = {}
