@@ -58,3 +58,19 @@ def test_stats_records_and_exports(tiny_llama, tmp_path):
     assert engine.step_records.to_json(tmp_path / "steps.json")["summary"]["steps"] == 5
     engine.reset_stats()
     assert engine.stats["steps"] == 0
+
+
+def test_draw_follows_the_distribution_and_never_picks_zero_mass():
+    import torch
+
+    from byzantium.engine.sampling import draw, make_generator
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    generator = make_generator(11, "cpu")
+    counts = torch.bincount(torch.tensor([draw(probs, generator) for _ in range(20000)]), minlength=6).double()
+    assert counts[probs == 0].sum() == 0
+    freq = counts / counts.sum()
+    assert (freq - probs.double()).abs().max() < 0.015  # ~4 standard errors at 20000 draws
+    # The same generator state gives the same token; a one-hot row gives its token.
+    a, b = make_generator(5, "cpu"), make_generator(5, "cpu")
+    assert [draw(probs, a) for _ in range(50)] == [draw(probs, b) for _ in range(50)]
+    assert draw(torch.tensor([0.0, 0.0, 1.0]), a) == 2

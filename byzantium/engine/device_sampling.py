@@ -1,7 +1,7 @@
 """The CUDA sampler: every row of a step sampled together on the device, one host sync.
 
 Same contract as sampling.sample: sample(logits [N, V] fp32, requests) -> (tokens, logprobs). That
-one goes row by row (a torch.multinomial and a host sync per sampled row); this one computes all rows
+one goes row by row (a CDF draw and a host sync per sampled row); this one computes all rows
 at once and reads tokens, flags and logprobs back with a single .tolist().
 
 Randomness is counter-based, so a request's tokens do not depend on what shares its batch: the i-th

@@ -29,6 +29,16 @@ def _penalize(row, request):
     return row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(row.dtype)
 
 
+def draw(probs, generator):
+    """One index of `probs` [V], by inverting its CDF at one uniform number from `generator`: index i with
+    probability probs[i] (zero-probability entries never). torch.multinomial does the same job but took
+    ~20 ms a row on our CPUs (a decode step of 32 sampled rows spent longer sampling than in the model);
+    this takes ~0.1 ms. The CDF is summed in float64 so a 150k vocabulary's tail keeps its mass."""
+    cdf = probs.double().cumsum(0)
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
+    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1))
+
+
 def sample(logits, requests):
     """Pick one token per row of `logits` [N, V] (fp32) for `requests` (objects with .params, .generator).
 
@@ -53,8 +63,7 @@ def sample(logits, requests):
             # Drop tokens once the mass before them already reaches top_p; the first token always stays.
             drop = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
             row = row.scatter(0, order[drop], float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=request.generator))
+        tokens[i] = draw(torch.softmax(row, dim=-1), request.generator)
     logprobs = [None] * len(requests)
     wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     if wanted:
