@@ -37,6 +37,7 @@ def test_each_candidate_is_exact_and_batch_invariant():
 
 @needs_both
 def test_choice_is_measured_once_and_cached_per_machine(cache, monkeypatch):
+    monkeypatch.setattr(linear_choice, "noisy", lambda samples: False)  # as on a quiet machine
     available = linear_choice.candidates(ext, True)
     weights = {(64, 96): [torch.randn(96, 64) for _ in range(3)], (96, 64): [torch.randn(64, 96)]}
     choices, measured = linear_choice.choose(weights, available)
@@ -50,6 +51,31 @@ def test_choice_is_measured_once_and_cached_per_machine(cache, monkeypatch):
     monkeypatch.setattr(linear_choice, "time_shape", lambda *a: pytest.fail("measured again"))
     again, measured_again = linear_choice.choose(weights, available)
     assert again == choices and measured_again == {}
+
+
+@needs_both
+def test_a_choice_timed_on_a_busy_machine_is_not_cached(cache, monkeypatch):
+    monkeypatch.setattr(linear_choice, "_unsaved", {})
+    monkeypatch.setattr(linear_choice, "noisy", lambda samples: True)
+    available = linear_choice.candidates(ext, True)
+    weights = {(32, 48): [torch.randn(48, 32)]}
+    choices, measured = linear_choice.choose(weights, available)
+    assert measured.keys() == weights.keys()
+    assert not json.loads(cache.read_text() if cache.exists() else "{}").get(linear_choice.machine_key())
+    # This process keeps its choice; a new one (an empty process memo) measures again.
+    monkeypatch.setattr(linear_choice, "time_shape", lambda *a: pytest.fail("measured again in one process"))
+    assert linear_choice.choose(weights, available)[0] == choices
+    monkeypatch.setattr(linear_choice, "_unsaved", {})
+    calls = []
+    monkeypatch.setattr(linear_choice, "time_shape", lambda *a: calls.append(1) or (
+        {c.name: {"decode": 1.0, "prefill": 1.0} for c in a[0]}, False))
+    linear_choice.choose(weights, available)
+    assert calls == [1] and json.loads(cache.read_text())[linear_choice.machine_key()]
+
+
+def test_noise_is_a_median_far_above_the_best():
+    assert not linear_choice.noisy({"a": [1.0, 1.05, 1.1, 1.2, 3.0], "b": [2.0, 2.1, 2.2, 2.3, 2.4]})
+    assert linear_choice.noisy({"a": [1.0, 1.1, 1.6, 1.7, 1.8]})
 
 
 @needs_both

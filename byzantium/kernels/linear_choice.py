@@ -23,12 +23,16 @@ from pathlib import Path
 import torch
 
 from ..paths import cache_root
+from . import warn_once
 
 PHASES = ("decode", "prefill")
 DECODE_ROWS = (1, 8, 32)
 PREFILL_ROWS = 256
 STREAM_BYTES = 96 * 2**20  # decode timing cycles through this many weight bytes: more than a CPU's caches
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
+ROUNDS = 5  # interleaved timing rounds per row count
+NOISE = 1.25  # median over best above this: another process had the cores, the timings are not kept
+_unsaved = {}  # choices measured on a busy machine: kept for this process only
 
 
 class Candidate:
@@ -110,30 +114,49 @@ def batch_invariant(candidate, weight, generator):
     return all(torch.equal(candidate.run(rows[:m], packed, None, weight.shape[0]), full[:m]) for m in (1, 2, 3, 8, 17))
 
 
-def _seconds(fn, repeats):
-    fn()  # warm-up: first-touch, oneDNN primitive creation
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def interleaved(fns, rounds=ROUNDS):
+    """{name: sorted seconds} of callables timed in turn, round after round, so that each sees the same
+    conditions (another process taking the cores slows every candidate, not just one)."""
+    for fn in fns.values():
+        fn()  # warm-up: first-touch, oneDNN primitive creation
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: sorted(s) for name, s in samples.items()}
 
 
-def time_shape(candidate, weights, in_features, generator):
-    """{phase: seconds} of `candidate` on this shape: decode rows over weights streamed from memory (the
-    first `weights` cycled up to STREAM_BYTES), prefill rows on one weight (compute-bound)."""
+def noisy(samples):
+    """Whether the machine was busy while timing: a median far above the best run of the same work."""
+    return any(s[len(s) // 2] > NOISE * s[0] for s in samples.values())
+
+
+def time_shape(candidates, weights, in_features, generator):
+    """({candidate: {phase: seconds}}, noisy) on this shape: decode rows over weights streamed from memory
+    (the first `weights` cycled up to STREAM_BYTES), prefill rows on one weight (compute-bound); the best
+    of interleaved rounds."""
     per_weight = weights[0].numel() * weights[0].element_size()
     copies = max(1, min(64, STREAM_BYTES // per_weight))
-    packed = [candidate.pack(weights[i % len(weights)].clone()) for i in range(copies)]  # distinct buffers
-    out = weights[0].shape[0]
-    decode = 0.0
-    for m in DECODE_ROWS:
-        x = torch.randn(m, in_features, generator=generator).to(weights[0].dtype)
-        decode += _seconds(lambda: [candidate.run(x, p, None, out) for p in packed], 3) / copies
-    x = torch.randn(PREFILL_ROWS, in_features, generator=generator).to(weights[0].dtype)
-    prefill = _seconds(lambda: candidate.run(x, packed[0], None, out), 3)
-    return {"decode": decode, "prefill": prefill}
+    out, dtype = weights[0].shape[0], weights[0].dtype
+    packed = {c.name: [c.pack(weights[i % len(weights)].clone()) for i in range(copies)] for c in candidates}
+    seconds = {c.name: {"decode": 0.0} for c in candidates}
+    busy = False
+    for m in (*DECODE_ROWS, PREFILL_ROWS):
+        x = torch.randn(m, in_features, generator=generator).to(dtype)
+        if m == PREFILL_ROWS:
+            fns = {c.name: (lambda c=c: c.run(x, packed[c.name][0], None, out)) for c in candidates}
+        else:
+            fns = {c.name: (lambda c=c: [c.run(x, w, None, out) for w in packed[c.name]]) for c in candidates}
+        samples = interleaved(fns)
+        busy = busy or noisy(samples)
+        for name, s in samples.items():
+            if m == PREFILL_ROWS:
+                seconds[name]["prefill"] = s[0]
+            else:
+                seconds[name]["decode"] += s[0] / copies
+    return seconds, busy
 
 
 @contextlib.contextmanager
@@ -184,17 +207,20 @@ def choose(weights_by_shape, available):
         for (k, n), weights in weights_by_shape.items():
             dtype = str(weights[0].dtype).removeprefix("torch.")
             key = f"{k}x{n} {dtype} {'+'.join(c.name for c in available)}"
-            if key not in machine:
-                timings = {}
-                for candidate in available:
-                    if batch_invariant(candidate, weights[0], generator):
-                        timings[candidate.name] = time_shape(candidate, weights, k, generator)
-                if not timings:  # none is batch-invariant here: keep the first, say so through describe()
-                    timings[available[0].name] = {phase: None for phase in PHASES}
-                machine[key] = {phase: min(timings, key=lambda c: timings[c][phase] or 0.0) for phase in PHASES}
-                machine[key]["seconds"] = timings
+            entry = machine.get(key) or _unsaved.get(key)
+            if entry is None:
+                invariant = [c for c in available if batch_invariant(c, weights[0], generator)] or available[:1]
+                timings, busy = time_shape(invariant, weights, k, generator)
+                entry = {phase: min(timings, key=lambda c: timings[c][phase]) for phase in PHASES}
+                entry["seconds"] = timings
                 measured[(k, n)] = timings
-            choices[(k, n)] = {phase: machine[key][phase] for phase in PHASES}
+                if busy:  # this process uses it; the next one measures again rather than keep a noisy choice
+                    _unsaved[key] = entry
+                    warn_once("byzantium: the machine was busy while timing the CPU linear kernels; their "
+                              "choice is not cached and will be measured again at the next start")
+                else:
+                    machine[key] = entry
+            choices[(k, n)] = {phase: entry[phase] for phase in PHASES}
     return choices, measured
 
 
