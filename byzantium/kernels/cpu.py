@@ -18,7 +18,6 @@ them only while no query is further than W tokens in (the window then changes no
 go to the reference, which reads just the window.
 """
 import functools
-import time
 
 import torch
 
@@ -123,40 +122,40 @@ def row_limit(num_heads, num_kv_heads, head_dim, block_size):
     key = f"attention rows {num_heads}x{num_kv_heads}x{head_dim} block {block_size}"
     with locked_cache() as cache:
         machine = cache.setdefault(machine_key(), {})
-        if key not in machine:
-            machine[key] = _measure_row_limit(num_heads, num_kv_heads, head_dim, block_size)
-        return machine[key]["limit"]
+        if key in machine:
+            return machine[key]["limit"]
+        measured, busy = _measure_row_limit(num_heads, num_kv_heads, head_dim, block_size)
+        if busy:  # timed while another process had the cores: this process uses it, the next measures again
+            warn_once("byzantium: the machine was busy while timing the CPU attention paths; the choice is not "
+                      "cached and will be measured again at the next start")
+        else:
+            machine[key] = measured
+        return measured["limit"]
 
 
 def _measure_row_limit(num_heads, num_kv_heads, head_dim, block_size, batch=4, context=512):
-    """Time both paths for appends of 1..128 tokens to `batch` sequences of `context` cached tokens; the
-    limit is the largest size up to which rows never lost."""
+    """Time both paths (interleaved rounds, best of each) for appends of 1..128 tokens to `batch`
+    sequences of `context` cached tokens; the limit is the largest size up to which rows never lost.
+    Returns ({"limit", "seconds"}, whether the machine was busy meanwhile)."""
+    from .linear_choice import interleaved, noisy
     ext = cpu_ext.load()
     g = torch.Generator().manual_seed(0)
     width = -(-(context + max(ROW_LIMIT_CANDIDATES)) // block_size)
     k_cache = torch.randn(batch * width, block_size, num_kv_heads, head_dim, generator=g)
     v_cache = torch.randn(batch * width, block_size, num_kv_heads, head_dim, generator=g)
     tables = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
-    seconds, limit = {}, 0
+    seconds, limit, busy = {}, 0, False
     for new in ROW_LIMIT_CANDIDATES[1:]:
         q = torch.randn(batch * new, num_heads, head_dim, generator=g)
         cu = torch.arange(0, batch * new + 1, new, dtype=torch.int32)
         lens = torch.full((batch,), context + new, dtype=torch.int32)
         rows, _ = _split(cu, lens, tables, new)
-        timed = {"rows": lambda: ext.paged_decode_attention(q, k_cache, v_cache, rows[1], rows[2], 0.125),
-                 "sdpa": lambda: reference.append_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.125)}
-        seconds[new] = {name: _best_of(fn) for name, fn in timed.items()}
+        samples = interleaved({
+            "rows": lambda: ext.paged_decode_attention(q, k_cache, v_cache, rows[1], rows[2], 0.125),
+            "sdpa": lambda: reference.append_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.125)})
+        busy = busy or noisy(samples)
+        seconds[new] = {name: s[0] for name, s in samples.items()}
         if seconds[new]["rows"] > seconds[new]["sdpa"]:
             break
         limit = new
-    return {"limit": limit, "seconds": seconds}
-
-
-def _best_of(fn, repeats=5):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return {"limit": limit, "seconds": seconds}, busy
