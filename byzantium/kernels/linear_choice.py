@@ -31,8 +31,8 @@ PREFILL_ROWS = 256
 STREAM_BYTES = 96 * 2**20  # decode timing cycles through this many weight bytes: more than a CPU's caches
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
 ROUNDS = 5  # interleaved timing rounds per row count
-NOISE = 1.25  # median over best above this: another process had the cores, the timings are not kept
-_unsaved = {}  # choices measured on a busy machine: kept for this process only
+NOISE = 1.25  # median over best above this: another process had the cores, the timings are not used
+_unsaved = {}  # shapes timed on a busy machine: the fallback choice, for this process only
 
 
 class Candidate:
@@ -214,10 +214,11 @@ def choose(weights_by_shape, available):
                 entry = {phase: min(timings, key=lambda c: timings[c][phase]) for phase in PHASES}
                 entry["seconds"] = timings
                 measured[(k, n)] = timings
-                if busy:  # this process uses it; the next one measures again rather than keep a noisy choice
+                if busy:  # noisy timings choose nothing: the first candidate, for this process only
+                    entry = {**{phase: invariant[0].name for phase in PHASES}, "seconds": timings, "busy": True}
                     _unsaved[key] = entry
-                    warn_once("byzantium: the machine was busy while timing the CPU linear kernels; their "
-                              "choice is not cached and will be measured again at the next start")
+                    warn_once(f"byzantium: the machine was busy while timing the CPU linear kernels; this process "
+                              f"uses {invariant[0].name} and the next start measures again")
                 else:
                     machine[key] = entry
             choices[(k, n)] = {phase: entry[phase] for phase in PHASES}
