@@ -358,7 +358,7 @@ def parser():
     add_run_methods(run)
     sweep = sub.add_parser("sweep", help="every cell of an experiment file (TOML), e.g. a paper's table, into "
                                          "DIR/<cell>/; resumable (byzantium/experiments/configs/)")
-    from .experiments.sweep import add_sweep_args
+    from .sweep import add_sweep_args
     add_sweep_args(sweep)
     sweep.set_defaults(func=cmd_sweep)
     report = sub.add_parser("report", help="the papers' tables from sweep or run directories (md, csv or tex)")
@@ -396,7 +396,7 @@ def add_run_methods(run, profiling=False):
 
 
 def cmd_sweep(args):
-    from .experiments.sweep import cmd_sweep as sweep
+    from .sweep import cmd_sweep as sweep
     return sweep(args)
 
 

@@ -8,13 +8,14 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "byzantium"
 
 # layer -> the sibling packages/modules of byzantium it must never import
-SERVER = {"server", "server_routes", "server_metrics"}  # the HTTP server sits beside the CLI, on top
+# On top, beside the CLI: the HTTP server, and sweeps (which run `byzantium run` commands, cell by cell).
+TOP = {"server", "server_routes", "server_metrics", "sweep", "sweep_config"}
 FORBIDDEN = {
-    "protocols": {"engine", "cli", "experiments"} | SERVER,
-    "kernels": {"engine", "backends", "protocols", "experiments", "cli"} | SERVER,
-    "backends": {"protocols", "experiments", "cli"} | SERVER,
-    "tasks": {"engine", "protocols", "experiments", "cli"} | SERVER,
-    "experiments": {"cli", "engine"} | SERVER,
+    "protocols": {"engine", "cli", "experiments"} | TOP,
+    "kernels": {"engine", "backends", "protocols", "experiments", "cli"} | TOP,
+    "backends": {"protocols", "experiments", "cli"} | TOP,
+    "tasks": {"engine", "protocols", "experiments", "cli"} | TOP,
+    "experiments": {"cli", "engine"} | TOP,
 }
 
 

@@ -12,8 +12,8 @@ import pytest
 import byzantium.backends
 from byzantium.backends.native import NativeLLM
 from byzantium.cli import main
-from byzantium.experiments.sweep import SWEEP, Borrowed
-from byzantium.experiments.sweep_config import ConfigError, load_sweep, needed_len
+from byzantium.sweep import SWEEP, Borrowed
+from byzantium.sweep_config import ConfigError, load_sweep, needed_len
 
 CONFIGS = sorted((Path(byzantium.__file__).parent / "experiments" / "configs").glob("*.toml"))
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # the real datasets, next to the repo

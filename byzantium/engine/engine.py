@@ -243,10 +243,13 @@ class Engine:
         """Bytes held: the weights, the KV pool (and how much of it is in use now), and on CUDA the peak
         of everything else (activations, workspaces) since the engine started."""
         seen, weights = set(), 0
-        packed = [m.packed for m in self.model.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)]
+        # Packed CPU linears hold their weights per phase ({phase: tensor}; one tensor when both phases share it).
+        packed = [w for m in self.model.modules() if isinstance(getattr(m, "packed", None), dict)
+                  for w in m.packed.values() if isinstance(w, torch.Tensor)]
         for t in [*self.model.parameters(), *self.model.buffers(), *packed]:
-            if t.device.type != "meta" and t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
+            key = id(t) if t.is_mkldnn else t.data_ptr()  # oneDNN's packed weights have no storage pointer
+            if t.device.type != "meta" and key not in seen:
+                seen.add(key)
                 weights += t.numel() * t.element_size()
         kv = self.kv_cache.numel() * self.kv_cache.element_size()
         peak = None

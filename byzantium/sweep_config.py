@@ -213,7 +213,7 @@ def load_sweep(path, scale="smoke", data_root=None, check_files=True) -> Sweep:
                  models, budget)
 
 
-CONFIGS = Path(__file__).parent / "configs"  # the shipped experiment files, one per paper table
+CONFIGS = Path(__file__).parent / "experiments" / "configs"  # the shipped experiment files, one per paper table
 
 
 def find_file(name) -> Path:
@@ -506,7 +506,7 @@ def model_context(name, settings):
             from huggingface_hub import try_to_load_from_cache
             path = Path(try_to_load_from_cache(str(name), "config.json"))
         elif where is not None:
-            from ..engine.loader import resolve_model
+            from .engine.loader import resolve_model
             path = Path(resolve_model(name)) / "config.json"
         else:
             return None
@@ -520,7 +520,7 @@ def model_context(name, settings):
 def local_model(name):
     """Where a model is on this machine, without any network call: "embedded", "path", "hub cache";
     None when it is not here (it needs a server or a download)."""
-    from ..engine.loader import EMBEDDED, _HUB_ID
+    from .engine.loader import EMBEDDED, _HUB_ID
     if name is None or str(name).lower() in EMBEDDED:
         return "embedded"
     if Path(name).expanduser().exists():
@@ -552,7 +552,7 @@ SHOWN = {"maj": ("agents", "corrupt", "max_len", "attack", "temperature", "seed"
 @functools.cache
 def run_parser():
     """The CLI's parser, built once (a sweep parses every cell with it)."""
-    from ..cli import parser
+    from .cli import parser
     return parser()
 
 
@@ -600,15 +600,15 @@ def _blame(cell, where, message):
 
 def _static_checks(method, args):
     """What prepare_run / prepare_sac / prepare_resilience check, without loading questions or models."""
-    from ..tasks import FORMATS, HUB, TASKS
+    from .tasks import FORMATS, HUB, TASKS
     for flag in ("limit", "concurrency", "max_tokens", "judge_max_tokens", "fault_max_tokens", "inspector_max_tokens",
                  "rounds"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if method in RES:
-        from .resilience import make_system
-        from ..tasks.resilience import BUILTIN_TASKS, DATA_FILES
+        from .experiments.resilience import make_system
+        from .tasks.resilience import BUILTIN_TASKS, DATA_FILES
         for flag in ("pm", "pe"):
             if not 0.0 <= getattr(args, flag) <= 1.0:
                 raise ValueError(f"--{flag} must be a probability in [0, 1], got {getattr(args, flag)}")
@@ -626,12 +626,12 @@ def _static_checks(method, args):
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     if method in SAC:
-        from .sac import check_config
+        from .experiments.sac import check_config
         check_config(method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
                      args.topology or "merg", args.seed, args.score_mode, None)
         return
-    from ..engine.loader import DEFAULT_MODEL
-    from .rr import check_config
+    from .engine.loader import DEFAULT_MODEL
+    from .experiments.rr import check_config
     m = args.trajectories if args.trajectories is not None or method != "rrmaj" else args.agents
     models = args.models.split(",") if args.models else [args.model] * args.agents
     check_config(method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack, args.temperature,

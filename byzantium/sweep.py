@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .runner import RESULTS, SUMMARY, to_json
+from .experiments.runner import RESULTS, SUMMARY, to_json
 from .sweep_config import ConfigError, load_sweep, local_model, model_context, needed_len, parse_cell, short_model
 
 SWEEP = "sweep.json"
@@ -34,7 +34,7 @@ NOT_HERE = ("is not on this machine (no checkpoint directory, not in the Hugging
 
 
 def add_sweep_args(ap):
-    from ..backends import add_backend_args
+    from .backends import add_backend_args
     ap.add_argument("file", help="an experiment file (TOML), or the name of a shipped one (byzantium/experiments/"
                                  "configs/: sac_table3_4, ct_table1, mas_main, ...)")
     ap.add_argument("--out", required=True, help="output directory: DIR/sweep.json and DIR/<cell>/")
@@ -55,7 +55,7 @@ def run_flags(args):
     """The sweep's backend and device flags, as every cell's `run` gets them (each flag that
     add_backend_args defines, so that flags added there travel too)."""
     import argparse
-    from ..backends import add_backend_args
+    from .backends import add_backend_args
     ap = argparse.ArgumentParser(add_help=False)
     add_backend_args(ap)
     ap.add_argument("--device")
@@ -77,7 +77,7 @@ def cmd_sweep(args):
         sweep = load_sweep(args.file, args.scale, args.data_root, check_files=True)
     except ConfigError as error:
         raise ValueError(str(error)) from None
-    from ..backends import pool_kwargs
+    from .backends import pool_kwargs
     pool_kwargs(args)  # the backend flags' own checks (--backend openai needs --base-url, ...)
     flags = run_flags(args)
     for cell in sweep.cells:  # each cell with them, before anything loads
@@ -158,7 +158,7 @@ class SharedPool:
             self.pool.close()
             self.pool = None
         if self.pool is None:
-            from ..backends import LLMPool
+            from .backends import LLMPool
             self.pool = (self.factory or LLMPool)(backend, **kwargs)
             try:
                 self.pool.plan(self.models)
@@ -197,13 +197,13 @@ class Borrowed:
         return getattr(self.pool, name)
 
     def __enter__(self):
-        from ..backends import PLACEMENT
+        from .backends import PLACEMENT
         self._scope = PLACEMENT.set(self.pool.placement) if self.pool.placement is not None else None
         return self
 
     def __exit__(self, *exc):
         if self._scope is not None:
-            from ..backends import PLACEMENT
+            from .backends import PLACEMENT
             PLACEMENT.reset(self._scope)
 
 
@@ -245,7 +245,7 @@ def _rows(path):
 def _instances(cell):
     """Instances a cell runs, for the progress bar: its limit, a generator's default, a data file's
     records; 1 when unknown (a hub dataset without a limit)."""
-    from ..tasks import TASKS
+    from .tasks import TASKS
     limit = cell.params.get("limit")
     if limit:
         return limit
@@ -257,7 +257,7 @@ def _instances(cell):
 
 @functools.cache
 def _records(path):
-    from ..tasks import read_records
+    from .tasks import read_records
     try:
         return max(1, len(read_records(path)))
     except (OSError, ValueError):
@@ -325,7 +325,7 @@ class Progress:
 
 def run_cell(cell, flags, path, pool):
     """One cell: `byzantium run <method> ... --out path` with the shared pool, its output to run.log."""
-    from ..cli import parser
+    from .cli import parser
     args = parser().parse_args(cell.argv + flags + ["--out", str(path)])
     args.pool = pool
     path.mkdir(parents=True, exist_ok=True)
