@@ -52,12 +52,17 @@ def run_engine(model_dir, tasks, m, k, max_len, temperature):
                 max_batch_seqs=s["max_batch_seqs"], correct=sum(r.correct for r in results))
 
 
+def agent_prompts(tok, task):
+    """The N agents' chat prompts as token ids (agents 0..C-1 corrupted); bench/peers.py sends them to vLLM."""
+    inject = injection(task)
+    return [tok.encode(tok.apply_chat_template(agent_messages(task, inject if i < C else None), tokenize=False,
+                                               add_generation_prompt=True), add_special_tokens=False)
+            for i in range(N)]
+
+
 def naive_trajectory(model, tok, task, index, k, max_len, temperature):
     """One RR trajectory: each turn re-encodes the writer's prompt + the whole reply so far."""
-    inject = injection(task)
-    prompts = [tok.encode(tok.apply_chat_template(agent_messages(task, inject if i < C else None), tokenize=False,
-                                                  add_generation_prompt=True), add_special_tokens=False)
-               for i in range(N)]
+    prompts = agent_prompts(tok, task)
     speakers = speaking_order(N, "shuffle", 0, task.id, index)  # the engine side's default order
     reply, prefill, decode, turn = [], 0, 0, 0
     while len(reply) < max_len:

@@ -115,8 +115,10 @@ class Proxy:
                                 lambda: self.llm.score(messages, candidates, untrusted, tag=tag), candidates=candidates)
 
 
-def run_native(model_dir, tasks, mode, solve, judge):
-    llm = load_llm(model_dir, backend="native", device="cpu")
+def run_native(model_dir, tasks, mode, solve, judge, llm=None):
+    """llm: another LLM to drive the same way (bench/peers.py passes vLLM's server); None = the native engine."""
+    own = llm is None
+    llm = llm or load_llm(model_dir, backend="native", device="cpu")
     cache = [(t.id, t.gold) for t in get_task("gen-arith", 20, seed=1)]
 
     async def main():
@@ -134,14 +136,15 @@ def run_native(model_dir, tasks, mode, solve, judge):
     load = os.getloadavg()[0]
     shared, records, start, end = asyncio.run(main())
     total = llm.stats
-    llm.close()
+    if own:
+        llm.close()
     t1, t2 = shared.times["round1"], shared.times["refine"]
     scoring = shared.stats["score"]
     rest = {k: total[k] - scoring[k] for k in TOKENS}
     return dict(round0_seconds=t1 - start, seconds=end - t1, score_seconds=t2 - t1, rest_seconds=end - t2,
                 **{k: total[k] for k in TOKENS}, score_tokens={k: scoring[k] for k in TOKENS},
-                rest_tokens=rest, steps=total["steps"], max_batch_seqs=total["max_batch_seqs"],
-                preemptions=total["preemptions"], load_before=load, load_after=os.getloadavg()[0],
+                rest_tokens=rest, steps=total.get("steps"), max_batch_seqs=total.get("max_batch_seqs"),
+                preemptions=total.get("preemptions"), load_before=load, load_after=os.getloadavg()[0],
                 calls={p: sum(c["phase"] == p for c in shared.calls) for p in PHASES},
                 records=records), shared.calls
 
