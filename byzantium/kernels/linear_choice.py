@@ -31,7 +31,7 @@ PREFILL_ROWS = 256
 STREAM_BYTES = 96 * 2**20  # decode timing cycles through this many weight bytes: more than a CPU's caches
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
 ROUNDS = 5  # interleaved timing rounds per row count
-NOISE = 1.25  # median over best above this: another process had the cores, the timings are not used
+NOISE = 1.5  # median over best above this: another process had the cores, the timings are not used
 _unsaved = {}  # shapes timed on a busy machine: the fallback choice, for this process only
 
 
