@@ -6,11 +6,12 @@ for each (in_features, out_features) shape of a model and each phase of a step, 
 once per machine and the winner is cached in $BYZANTIUM_CACHE/linear_choice.json, keyed by the CPU, the
 thread count and the torch version.
 
-The buckets are the two phases, not row counts: decode rows (one token per request, timed at 1, 8 and 32
-rows with the weights streamed from memory) and prefill rows (timed at PREFILL_ROWS rows). Switching
-kernels by the number of rows in a call would make a request's numbers depend on the batch it lands in;
-a phase is a property of the token itself. Only candidates whose output row does not depend on how many
-rows share the call are admitted (checked here, per shape), so tokens stay batch-independent.
+Both phases are timed: decode rows (one token per request, at 1, 8 and 32 rows with the weights
+streamed from memory) and prefill rows (PREFILL_ROWS rows); each shape then takes the one kernel with
+the lowest sum. Not a kernel per phase, nor per row count: a token's K/V must be the same whether a
+decode or a prefill pass computed it (sessions, prefix-cache hits and replays reuse them across phases),
+and a request's tokens must not depend on the batch it lands in. Only candidates whose output row does
+not depend on how many rows share the call are admitted (checked here, per shape).
 """
 import contextlib
 import fcntl
@@ -206,12 +207,15 @@ def choose(weights_by_shape, available):
         machine = cache.setdefault(machine_key(), {})
         for (k, n), weights in weights_by_shape.items():
             dtype = str(weights[0].dtype).removeprefix("torch.")
-            key = f"{k}x{n} {dtype} {'+'.join(c.name for c in available)}"
+            key = f"{k}x{n} {dtype} {'+'.join(c.name for c in available)} one-kernel"
             entry = machine.get(key) or _unsaved.get(key)
             if entry is None:
                 invariant = [c for c in available if batch_invariant(c, weights[0], generator)] or available[:1]
                 timings, busy = time_shape(invariant, weights, k, generator)
-                entry = {phase: min(timings, key=lambda c: timings[c][phase]) for phase in PHASES}
+                # One kernel for both phases: a token's K/V must not depend on whether a decode or a prefill
+                # pass computed it (sessions, prefix-cache hits and replays reuse them across phases).
+                best = min(timings, key=lambda c: timings[c]["decode"] + timings[c]["prefill"])
+                entry = {phase: best for phase in PHASES}
                 entry["seconds"] = timings
                 measured[(k, n)] = timings
                 if busy:  # noisy timings choose nothing: the first candidate, for this process only

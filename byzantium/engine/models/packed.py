@@ -1,12 +1,12 @@
-"""CPU linears (fp32, bf16) with their weights repacked once at load time, each shape on the kernel that measured
-fastest on this machine for each phase of a step (kernels/linear_choice.py).
+"""CPU linears (fp32, bf16) with their weights repacked once at load time, each shape on the kernel that
+measured fastest on this machine (kernels/linear_choice.py).
 
 The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, fp32, when the CPU kernels build), oneDNN's
 prepacked weights (the path torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain
-F.linear (transformers' path, where it is batch-invariant). A shape whose decode and prefill winners
-differ keeps both layouts, and the engine then runs a step's prefill rows and decode rows as two forward
-passes (`linear_phase` says which one is running), so every token goes through the same kernel whatever
-batch it is in. Only the packed layouts are kept (a tied lm_head's weight still lives on as the embedding).
+F.linear (transformers' path, where it is batch-invariant). The layer can hold a kernel per phase (the
+engine then runs a step's prefill and decode rows as two passes, `linear_phase` saying which); the
+measured choice gives both phases one kernel, so a token's K/V do not depend on the pass that computed
+it. Only the packed layouts are kept (a tied lm_head's weight still lives on as the embedding).
 """
 import contextlib
 
