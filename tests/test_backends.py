@@ -220,7 +220,9 @@ def test_smollm2_score_agrees(smol):
     assert len(set(dig_nat.values())) == 10  # ten different tokens scored
     lp = run(smol["native"].next_token_logprobs(messages))
     assert torch.logsumexp(lp, 0).item() == pytest.approx(0.0, abs=1e-4)
-    assert lp[smol["native"].candidate_ids(["Yes"])[0]].item() == pytest.approx(yes_nat["Yes"], abs=1e-6)
+    # The second prompt comes from the prefix cache (one new row): the kernels measured fastest here need not
+    # round that row bit-for-bit as the full prefill did, so the same 1e-4 as above.
+    assert lp[smol["native"].candidate_ids(["Yes"])[0]].item() == pytest.approx(yes_nat["Yes"], abs=1e-4)
 
 
 def test_smollm2_sessions_match_fresh_generation(smol):
