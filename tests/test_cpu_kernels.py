@@ -1,5 +1,5 @@
-"""The compiled CPU kernels against torch: the panel linear (cpu_gemm.cpp) against F.linear, the paged
-decode attention (cpu_attention.cpp) against kernels/reference.py."""
+"""The compiled CPU kernels against torch: the panel linears (cpu_gemm.cpp, AVX-512 cpu_gemm512.cpp) against
+F.linear, the paged decode attention (cpu_attention.cpp) against kernels/reference.py."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,27 @@ def test_panel_linear_matches_torch_linear(rows, k, n, bias):
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+@pytest.mark.skipif(ext is None or not ext.avx512_supported(), reason="no AVX-512 on this CPU")
+@pytest.mark.parametrize("rows", [1, 2, 13, 14, 15, 29, 97])
+@pytest.mark.parametrize("k, n", [(64, 128), (576, 960), (37, 5), (1536, 576), (16, 1), (8, 33), (40, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_avx512_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k, n, bias):
+    g = torch.Generator().manual_seed(rows * 1000 + k + n)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    panels = ext.pack_panels512(w)
+    assert panels.shape == (-(-n // 32), k, 32)
+    padded = None if b is None else torch.cat([b, b.new_zeros(panels.shape[0] * 32 - n)])
+    got = ext.panel_linear512(x, panels, padded, n)
+    assert got.shape == (rows, n)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * k ** 0.5)
+    # a row's result is the same in any block of rows (the 14-row blocks and the remainder alike)
+    for m in {1, rows // 2, rows - 1} - {0}:
+        assert torch.equal(ext.panel_linear512(x[rows - m:], panels, padded, n), got[rows - m:])
+    with pytest.raises(RuntimeError, match="N does not match"):
+        ext.panel_linear512(x, panels, None, panels.shape[0] * 32 + 1)
+
+
 def test_panel_linear_non_contiguous_input_and_bad_calls():
     x = torch.randn(8, 64)[::2]  # rows 0, 2, 4, 6: a strided view
     w = torch.randn(32, 64)
@@ -47,7 +68,7 @@ def test_engine_packs_its_linears_on_the_chosen_kernels(tiny_llama):
     layer = engine.model.model.layers[0].mlp.down_proj
     chosen = engine.describe()["linear_kernels"][f"{layer.in_features}x{layer.out_features}"]
     assert isinstance(layer, PackedLinear) and {k.name for k in layer.kernels.values()} == set(chosen.values())
-    assert chosen.keys() == {"decode", "prefill"} and set(chosen.values()) <= {"panels", "onednn", "torch"}
+    assert chosen.keys() == {"decode", "prefill"} and set(chosen.values()) <= {"panels", "panels512", "onednn", "torch"}
     x = torch.randn(3, layer.in_features)
     plain = Engine(tiny_llama[1], num_blocks=64, cpu_packed_linears=False)
     reference = plain.model.model.layers[0].mlp.down_proj

@@ -145,7 +145,7 @@ def test_describe(tiny_llama):
     assert d["model_code"] == "byzantium.engine.models.llama.LlamaForCausalLM" and d["architecture"] == "LlamaForCausalLM"
     assert d["max_num_seqs"] == 8 and d["max_batch_tokens"] == 128
     assert d["linear_kernels"] == "torch" or all(  # {"INxOUT": {phase: kernel}} for every linear shape
-        choice.keys() == {"decode", "prefill"} and set(choice.values()) <= {"panels", "onednn", "torch"}
+        choice.keys() == {"decode", "prefill"} and set(choice.values()) <= {"panels", "panels512", "onednn", "torch"}
         for choice in d["linear_kernels"].values())
     plain = Engine(path, num_blocks=32, cpu_packed_linears=False).describe()
     assert plain["linear_kernels"] == "torch"

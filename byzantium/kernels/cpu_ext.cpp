@@ -6,6 +6,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 bool decode_supported(int64_t head_dim);
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
+bool avx512_supported();
+torch::Tensor pack_panels512(torch::Tensor w);
+torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 
 // The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
 // AsyncEngine's event loop) are not held up during a step.
@@ -13,6 +16,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("pack_panels", &pack_panels, "w[N, K] -> panels [N/16, K, 16] for panel_linear", release());
   m.def("panel_linear", &panel_linear, "fp32 x[M, K] @ w.T + b with w packed by pack_panels (b padded to the panels)",
+        release());
+  m.def("avx512_supported", &avx512_supported, "whether this CPU runs panel_linear512");
+  m.def("pack_panels512", &pack_panels512, "w[N, K] -> panels [N/32, K, 32] for panel_linear512", release());
+  m.def("panel_linear512", &panel_linear512, "AVX-512 fp32 x[M, K] @ w.T + b with w packed by pack_panels512",
         release());
   m.def("paged_decode_attention", &paged_decode_attention,
         "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)", release());

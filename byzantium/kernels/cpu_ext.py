@@ -3,6 +3,8 @@
     ext = load()            # None when it cannot be had: no AVX2, no C++ compiler, a failed build
     panels = ext.pack_panels(weight)                  # cpu_gemm.cpp: the linears (engine/models/packed.py)
     y = ext.panel_linear(x, panels, bias, weight.shape[0])
+    if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
+        y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
     out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp
 
 The build (1-2 minutes on 2 cores) goes to `$BYZANTIUM_CACHE/ext` (default ~/.cache/byzantium/ext); later
@@ -21,7 +23,7 @@ import torch
 from ..paths import cache_root
 from . import warn_once
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp")]
 
 
 def supported() -> bool:

@@ -65,6 +65,18 @@ class Panels(Candidate):
         return self.kernels.panel_linear(rows, packed, bias, out_features)
 
 
+class Panels512(Panels):
+    """The same with AVX-512 (kernels/cpu_gemm512.cpp): panels of 32 columns, blocks of 14 rows."""
+    name = "panels512"
+    PANEL = 32
+
+    def pack(self, weight):
+        return self.kernels.pack_panels512(weight)
+
+    def run(self, rows, packed, bias, out_features):
+        return self.kernels.panel_linear512(rows, packed, bias, out_features)
+
+
 class OneDNN(Candidate):
     """oneDNN's prepacked weights (the path torch.compile's CPU freezing takes)."""
     name = "onednn"
@@ -90,10 +102,12 @@ class Torch(Candidate):
 
 
 def candidates(kernels, onednn, dtype=torch.float32):
-    """The kernels available here for `dtype`: the panel GEMM (fp32) when the CPU kernels built, oneDNN
-    when its packing works, and plain F.linear (admitted per shape only where it is batch-invariant)."""
-    return [c for c, ok in ((Panels(kernels), kernels is not None and dtype == torch.float32), (OneDNN(), onednn),
-                            (Torch(), True)) if ok]
+    """The kernels available here for `dtype`: the panel GEMM (fp32) when the CPU kernels built, its AVX-512
+    variant where the CPU has AVX-512, oneDNN when its packing works, and plain F.linear (admitted per
+    shape only where it is batch-invariant)."""
+    panels = kernels is not None and dtype == torch.float32
+    return [c for c, ok in ((Panels(kernels), panels), (Panels512(kernels), panels and kernels.avx512_supported()),
+                            (OneDNN(), onednn), (Torch(), True)) if ok]
 
 
 def cpu_name():
@@ -181,7 +195,7 @@ def locked_cache():
 
 
 def forced_choice(available):
-    """$BYZANTIUM_LINEAR_KERNELS=panels|onednn forces one kernel for every shape and phase (benchmarks,
+    """$BYZANTIUM_LINEAR_KERNELS=panels|panels512|onednn|torch forces one kernel for every shape and phase (benchmarks,
     debugging); unset or "auto": measure."""
     forced = os.environ.get("BYZANTIUM_LINEAR_KERNELS", "auto").strip() or "auto"
     if forced == "auto":
@@ -229,5 +243,5 @@ def choose(weights_by_shape, available):
     return choices, measured
 
 
-__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Torch", "batch_invariant", "candidates", "choose",
+__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Panels512", "Torch", "batch_invariant", "candidates", "choose",
            "cpu_name", "locked_cache", "machine_key"]

@@ -1,9 +1,9 @@
 """CPU linears (fp32, bf16) with their weights repacked once at load time, each shape on the kernel that
 measured fastest on this machine (kernels/linear_choice.py).
 
-The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, fp32, when the CPU kernels build), oneDNN's
-prepacked weights (the path torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain
-F.linear (transformers' path, where it is batch-invariant). The layer can hold a kernel per phase (the
+The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, fp32, when the CPU kernels build; its
+AVX-512 variant cpu_gemm512.cpp where the CPU has AVX-512), oneDNN's prepacked weights (the path
+torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain F.linear (transformers' path, where it is batch-invariant). The layer can hold a kernel per phase (the
 engine then runs a step's prefill and decode rows as two passes, `linear_phase` saying which); the
 measured choice gives both phases one kernel, so a token's K/V do not depend on the pass that computed
 it. Only the packed layouts are kept (a tied lm_head's weight still lives on as the embedding).
