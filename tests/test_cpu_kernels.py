@@ -244,3 +244,59 @@ def test_ninja_from_the_dependency_is_found_without_an_activated_environment(mon
     assert shutil.which("ninja") is None
     assert cpu_ext.supported()
     assert shutil.which("ninja").startswith(ninja.BIN_DIR)
+
+
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (7, 64), (300, 576), (5, 20)])
+def test_fused_rms_norm_matches_the_torch_formula(rows, hidden):
+    from byzantium.engine.models.llama import RMSNorm
+    g = torch.Generator().manual_seed(rows + hidden)
+    norm = RMSNorm(hidden, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=g))
+    wide = torch.randn(rows, hidden + 7, generator=g) * 3
+    x = wide[:, 3:3 + hidden]  # rows with a stride, as a slice of a wider tensor
+    want = norm(x)
+    got = ext.rms_norm(x, norm.weight.detach(), norm.eps)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ext.rms_norm(x[rows // 2:], norm.weight.detach(), norm.eps), got[rows // 2:])  # row by row
+
+
+@pytest.mark.parametrize("rows, inner", [(1, 1536), (9, 24), (130, 1536), (3, 13)])
+def test_fused_silu_mul_matches_torch(rows, inner):
+    g = torch.Generator().manual_seed(rows * inner)
+    gate_up = torch.randn(rows, 2 * inner, generator=g) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # far tails and zero
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(ext.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim", [(1, 12, 64), (40, 5, 64), (6, 3, 20), (17, 2, 128)])
+def test_fused_rope_matches_apply_rope_on_a_slice_of_qkv(tokens, heads, head_dim):
+    from byzantium.engine.models.llama import apply_rope
+    g = torch.Generator().manual_seed(tokens * heads + head_dim)
+    qkv = torch.randn(tokens, (heads + 2) * head_dim, generator=g)
+    x = qkv[:, :heads * head_dim].view(tokens, heads, head_dim)  # row stride of the whole qkv row
+    angles = torch.rand(tokens, 1, head_dim // 2, generator=g) * 100
+    cos = torch.cat((angles.cos(), angles.cos()), dim=-1)
+    signed_sin = torch.cat((-angles.sin(), angles.sin()), dim=-1)
+    got = ext.rope(x, cos, signed_sin)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, apply_rope(x, cos, signed_sin), rtol=1e-6, atol=1e-6)
+
+
+def test_engine_runs_the_fused_layer_ops_and_matches_torch(tiny_llama):
+    from byzantium import Engine, SamplingParams
+    from byzantium.engine.models.llama import RMSNorm
+    fused = Engine(tiny_llama[1], num_blocks=64)
+    plain = Engine(tiny_llama[1], num_blocks=64)
+    plain.model.use_cpu_ops(None)
+    assert fused.describe()["cpu_layer_ops"] and all(
+        m.cpu_ops is not None for m in fused.model.modules() if isinstance(m, RMSNorm))
+    assert Engine(tiny_llama[1], num_blocks=64, cpu_kernels=False).describe()["cpu_layer_ops"] is False
+    prompts = [list(range(3, 3 + n)) for n in (4, 17, 40)]
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=1)
+    got, want = fused.generate(prompts, params), plain.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for a, b in zip(got, want):
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-4 for t in x)

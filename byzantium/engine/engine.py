@@ -212,6 +212,11 @@ class Engine:
                 warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
                           "the linears are plain torch (slower on the CPU)")
             self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn, self.dtype)
+        # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU).
+        self.cpu_layer_ops = (self.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
+                              and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None)
+        if self.cpu_layer_ops:
+            model.use_cpu_ops(cpu_ext.load())
         # Where a shape's decode and prefill kernels differ, a step runs its phases as two passes.
         self.split_phases = isinstance(self.linear_kernels, dict) and any(
             len(set(choice.values())) > 1 for choice in self.linear_kernels.values())
@@ -223,6 +228,7 @@ class Engine:
         return {"model": str(self.model_dir), "architecture": self.model.arch,
                 "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
                 "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,
+                "cpu_layer_ops": self.cpu_layer_ops,
                 "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
                 "kv_cache": {"num_blocks": self.num_blocks, "block_size": self.block_size,
                              "bytes": self.kv_cache.numel() * self.kv_cache.element_size()},

@@ -6,6 +6,7 @@
     if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
         y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
     out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp
+    h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.cpp
 
 The build (1-2 minutes on 2 cores) goes to `$BYZANTIUM_CACHE/ext` (default ~/.cache/byzantium/ext); later
 processes load the built library in well under a second. When it is None the engine uses oneDNN for the
@@ -23,7 +24,9 @@ import torch
 from ..paths import cache_root
 from . import warn_once
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in
+           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp", "cpu_layer_ops.cpp")]
+HEADERS = [Path(__file__).with_name("cpu_simd.h")]
 
 
 def supported() -> bool:
@@ -42,7 +45,7 @@ def unsupported_reason():
         return "no C++ compiler (c++) on PATH"
     if not _find_ninja():
         return "ninja is not installed"
-    if not all(path.exists() for path in SOURCES):
+    if not all(path.exists() for path in SOURCES + HEADERS):
         return "their sources are missing from the installation"
     return None
 
@@ -67,7 +70,7 @@ def load():
         warn_once(f"byzantium: the compiled CPU kernels are not used ({reason}); the linears use oneDNN "
                   f"and attention the torch reference")
         return None
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
     build_dir = cache_root() / "ext" / f"cpu-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not any(build_dir.glob("*.so")):

@@ -4,7 +4,9 @@ Qwen3-MoE (Qwen3 with sparse expert MLPs: models/moe.py) and the text tower of M
 Reads top to bottom: norm, rotary embedding, attention, MLP, decoder layer, model, weight loading.
 Inputs are packed: `input_ids` and `positions` are [T] for all sequences of a step together, and
 `meta` (runner.AttentionMetadata) says which rows belong to which sequence and where their K/V live.
-Q/K/V and gate/up projections are fused into one matmul each.
+Q/K/V and gate/up projections are fused into one matmul each. On the CPU in fp32 the norms, the rotary
+embedding and SiLU * up run as single compiled passes (kernels/cpu_layer_ops.cpp, `use_cpu_ops`); the torch
+formulas below are what they compute.
 """
 import re
 
@@ -75,8 +77,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.cpu_ops = None  # the compiled CPU kernels, when the engine runs them (use_cpu_ops)
 
     def forward(self, x):
+        if self.cpu_ops is not None and x.dtype == torch.float32:
+            return self.cpu_ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
         # transformers' formula op for op (normalise in fp32, scale in the input dtype); on CPU it is
         # also faster than F.rms_norm for the small rows of decode steps.
         h = x.float()
@@ -121,6 +126,7 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.cpu_ops = None  # see RMSNorm
         self.qk_norm = arch in QK_NORM
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -133,9 +139,10 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         else:  # rotate q and k heads together: half the elementwise ops
-            qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            qk = self._rope(qkv[:, :self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
+                            cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         ops = meta.ops
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -153,6 +160,11 @@ class Attention(nn.Module):
                                                    meta.prefill_seq_lens, meta.prefill_block_tables, self.scale)
         return self.o_proj(out.view(T, self.q_size))
 
+    def _rope(self, x, cos, sin):
+        if self.cpu_ops is not None and x.dtype == torch.float32 and x.stride(1) == x.shape[2] and x.stride(2) == 1:
+            return self.cpu_ops.rope(x, cos, sin)
+        return apply_rope(x, cos, sin)
+
 
 class MLP(nn.Module):
     def __init__(self, config):
@@ -162,9 +174,13 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         if config.hidden_act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: the Llama family uses silu")
+        self.cpu_ops = None  # see RMSNorm
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.cpu_ops is not None and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
+            return self.down_proj(self.cpu_ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -223,6 +239,12 @@ class LlamaForCausalLM(nn.Module):
         self.rope_cos, self.rope_sin = (t.to(device) for t in rope_tables(self.config, self.head_dim, self.max_positions))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def use_cpu_ops(self, kernels):
+        """Run the norms, rotary embedding and SiLU * up on the compiled CPU kernels (fp32 rows; None: torch)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.cpu_ops = kernels
 
     def forward(self, input_ids, positions, meta, kv_cache):
         """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""

@@ -1,0 +1,112 @@
+// The small fp32 operations of a decoder layer, each one pass over its rows (AVX2 + FMA): RMSNorm, SiLU(gate)
+// * up, and the rotary embedding. In torch each is four to seven operators, every one a pass over memory
+// and a dispatch; in a decode step of a few rows the dispatches cost more than the arithmetic, and in a
+// prefill the passes do. Rows are independent, so a row's result does not depend on the others in the call.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include "cpu_simd.h"
+#include <algorithm>
+#include <cmath>
+
+// Rows per thread below which a call stays on one thread (a decode step): a parallel region costs more.
+constexpr int64_t GRAIN_FLOATS = 16384;
+
+static int64_t grain(int64_t row_floats) { return std::max<int64_t>(1, GRAIN_FLOATS / std::max<int64_t>(1, row_floats)); }
+
+// out[t] = w * x[t] / sqrt(mean(x[t]^2) + eps), the sum of squares in fp32 (as transformers computes it).
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "rms_norm: fp32 rows [T, H]");
+  const int64_t T = x.size(0), H = x.size(1), ld = x.stride(0);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.numel() == H && weight.is_contiguous(), "rms_norm: weight [H]");
+  auto out = torch::empty({T, H}, x.options());
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, grain(H), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = xp + t * ld;
+      float* y = op + t * H;
+      __m256 acc = _mm256_setzero_ps();
+      int64_t h = 0;
+      for (; h + 8 <= H; h += 8) {
+        const __m256 v = _mm256_loadu_ps(row + h);
+        acc = _mm256_fmadd_ps(v, v, acc);
+      }
+      float squares = hsum(acc);
+      for (; h < H; ++h) squares += row[h] * row[h];
+      const float inv = 1.0f / std::sqrt(squares / H + (float)eps);
+      const __m256 invv = _mm256_set1_ps(inv);
+      for (h = 0; h + 8 <= H; h += 8)
+        _mm256_storeu_ps(y + h, _mm256_mul_ps(_mm256_loadu_ps(wp + h), _mm256_mul_ps(_mm256_loadu_ps(row + h), invv)));
+      for (; h < H; ++h) y[h] = wp[h] * (row[h] * inv);
+    }
+  });
+  return out;
+}
+
+// silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows): 1 / (1 + e) for g >= 0,
+// e / (1 + e) below.
+static inline __m256 silu8(__m256 g) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // exp(-|g|)
+  const __m256 denominator = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
+  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 numerator = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, negative);
+  return _mm256_mul_ps(g, _mm256_div_ps(numerator, denominator));
+}
+
+// gate_up [T, 2I] (gate, then up) -> silu(gate) * up [T, I].
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.stride(1) == 1 &&
+              gate_up.size(1) % 2 == 0, "silu_mul: fp32 rows [T, 2I]");
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2, ld = gate_up.stride(0);
+  auto out = torch::empty({T, I}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, grain(3 * I), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *g = gp + t * ld, *u = g + I;
+      float* y = op + t * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+      for (; i < I; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+  return out;
+}
+
+// Rotary embedding of x [T, H, D] (heads contiguous, any row stride) with cos = cat(c, c) and
+// signed_sin = cat(-s, s), each [T, D]: out = x * cos + roll(x, D / 2) * signed_sin, contiguous.
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor signed_sin) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.stride(2) == 1 && x.stride(1) == x.size(2) &&
+              x.size(2) % 2 == 0, "rope: fp32 [T, H, D] with contiguous heads");
+  const int64_t T = x.size(0), H = x.size(1), D = x.size(2), half = D / 2, ld = x.stride(0);
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              signed_sin.is_contiguous() && cos.numel() == T * D && signed_sin.numel() == T * D, "rope: tables [T, D]");
+  auto out = torch::empty({T, H, D}, x.options());
+  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = signed_sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, grain(H * D), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *c = cp + t * D, *s = sp + t * D;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* v = xp + t * ld + h * D;
+        float* y = op + (t * H + h) * D;
+        int64_t i = 0;
+        for (; i + 8 <= half; i += 8) {
+          const __m256 lo = _mm256_loadu_ps(v + i), hi = _mm256_loadu_ps(v + half + i);
+          _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_mul_ps(lo, _mm256_loadu_ps(c + i)),
+                                                _mm256_mul_ps(hi, _mm256_loadu_ps(s + i))));
+          _mm256_storeu_ps(y + half + i, _mm256_add_ps(_mm256_mul_ps(hi, _mm256_loadu_ps(c + half + i)),
+                                                       _mm256_mul_ps(lo, _mm256_loadu_ps(s + half + i))));
+        }
+        for (; i < half; ++i) {
+          y[i] = v[i] * c[i] + v[half + i] * s[i];
+          y[half + i] = v[half + i] * c[half + i] + v[i] * s[half + i];
+        }
+      }
+    }
+  });
+  return out;
+}
