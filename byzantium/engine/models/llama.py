@@ -4,9 +4,9 @@ Qwen3-MoE (Qwen3 with sparse expert MLPs: models/moe.py) and the text tower of M
 Reads top to bottom: norm, rotary embedding, attention, MLP, decoder layer, model, weight loading.
 Inputs are packed: `input_ids` and `positions` are [T] for all sequences of a step together, and
 `meta` (runner.AttentionMetadata) says which rows belong to which sequence and where their K/V live.
-Q/K/V and gate/up projections are fused into one matmul each. On the CPU in fp32 the norms, the rotary
-embedding and SiLU * up run as single compiled passes (kernels/cpu_layer_ops.cpp, `use_cpu_ops`); the torch
-formulas below are what they compute.
+Q/K/V and gate/up projections are fused into one matmul each. `use_cpu_ops` runs the norms, the rotary
+embedding and SiLU * up as single compiled fp32 passes (kernels/cpu_layer_ops.cpp; the engine leaves them
+off for now, engine.py says why); the torch formulas below are what they compute.
 """
 import re
 
