@@ -24,9 +24,10 @@ tokens tied exactly at the CANDIDATES-th logit torch.topk returns is its own cho
 the kept tokens end exactly there.)
 """
 import hashlib
-import random
 
 import torch
+
+from .sampling import request_key
 
 CANDIDATES = 1024
 
@@ -35,14 +36,6 @@ def uniform(key, counter):
     """A uniform float in [0, 1) from (key, counter): the top 53 bits of a blake2b digest."""
     digest = hashlib.blake2b(b"%d:%d" % (key, counter), digest_size=8).digest()
     return (int.from_bytes(digest, "little") >> 11) * 2.0 ** -53
-
-
-def request_key(request):
-    """The request's random stream: its seed, else its generator's (OS-random) initial seed."""
-    if request.params.seed is not None:
-        return request.params.seed
-    generator = getattr(request, "generator", None)
-    return generator.initial_seed() if generator is not None else random.getrandbits(63)
 
 
 def _send(values, dtype, device):

@@ -212,10 +212,11 @@ class Engine:
                 warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
                           "the linears are plain torch (slower on the CPU)")
             self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn, self.dtype)
-        # The fused norm/rope/SiLU passes (kernels/cpu_layer_ops.cpp, model.use_cpu_ops) stay off: with them a
-        # resilience system's transcript through our server differed from the in-process one (not yet found
-        # why), and they gained ~4 % at decode. Tests run them explicitly.
-        self.cpu_layer_ops = False
+        # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU).
+        self.cpu_layer_ops = (self.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
+                              and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None)
+        if self.cpu_layer_ops:
+            model.use_cpu_ops(cpu_ext.load())
         # Where a shape's decode and prefill kernels differ, a step runs its phases as two passes.
         self.split_phases = isinstance(self.linear_kernels, dict) and any(
             len(set(choice.values())) > 1 for choice in self.linear_kernels.values())

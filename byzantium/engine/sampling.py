@@ -1,11 +1,16 @@
 """The sampler.
 
-Every request samples from its own seeded `torch.Generator`, row by row, so the tokens a request gets
-do not depend on what else shares its batch.
+Every request samples from its own random stream, row by row: the i-th token it samples races its
+row's logits against Gumbel noise hashed from (its key, i) (`race`), so the tokens a request gets do not
+depend on what else shares its batch, and kernels that round a logit differently almost never change
+them (inverting the CDF, as before, let noise of 1e-6 in any logit flip a draw among tail tokens).
 """
+import random
+
 import torch
 
 from ..backends.params import SamplingParams  # the request vocabulary belongs to the LLM interface
+from ..kernels import cpu_ext
 
 
 def make_generator(seed, device):
@@ -29,14 +34,52 @@ def _penalize(row, request):
     return row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(row.dtype)
 
 
-def draw(probs, generator):
-    """One index of `probs` [V], by inverting its CDF at one uniform number from `generator`: index i with
-    probability probs[i] (zero-probability entries never). torch.multinomial does the same job but took
-    ~20 ms a row on our CPUs (a decode step of 32 sampled rows spent longer sampling than in the model);
-    this takes ~0.1 ms. The CDF is summed in float64 so a 150k vocabulary's tail keeps its mass."""
-    cdf = probs.double().cumsum(0)
-    u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
-    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1))
+M32, M64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+
+
+def request_key(request):
+    """The request's random stream: its seed, else its generator's (OS-random) initial seed."""
+    if request.params.seed is not None:
+        return request.params.seed
+    generator = getattr(request, "generator", None)
+    return generator.initial_seed() if generator is not None else random.getrandbits(63)
+
+
+def stream(key, counter):
+    """Two 32-bit words naming the noise of a request's counter-th token (splitmix64 of key and counter)."""
+    z = (key * 0x9E3779B97F4A7C15 + (counter + 1) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    z ^= z >> 31
+    return z & M32, z >> 32
+
+
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & M32  # int64 products wrap; their low 32 bits are the uint32 product
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & M32
+    return h ^ (h >> 16)
+
+
+def gumbel_noise(lo, hi, n, device):
+    """The noise race adds to logits [n] (kernels/cpu_sampling.cpp computes the same in one pass):
+    g_i = -log(-log u_i), u_i = (2 k + 1) / 2^24 with k the top 23 bits of a hash of (stream, i)."""
+    h = (torch.arange(n, dtype=torch.int64, device=device) * 0x9E3779B1) & M32
+    h = _fmix32(_fmix32(h ^ lo) ^ hi)
+    u = ((h >> 9) * 2 + 1).float() * 2.0 ** -24
+    return -torch.log(-torch.log(u))
+
+
+def race(row, key, counter):
+    """One token of `row` [V] (logits over the temperature, -inf for excluded tokens): argmax of row + Gumbel
+    noise, which draws token i with probability softmax(row)_i."""
+    lo, hi = stream(key, counter)
+    kernels = cpu_ext.load() if row.device.type == "cpu" and row.dtype == torch.float32 else None
+    if kernels is not None:
+        token = kernels.race_sample(row.contiguous(), lo, hi)
+        return token if token >= 0 else int(row.argmax())  # nothing finite to race: as argmax would
+    return int((row.float() + gumbel_noise(lo, hi, row.numel(), row.device)).argmax())
 
 
 def sample(logits, requests):
@@ -63,7 +106,7 @@ def sample(logits, requests):
             # Drop tokens once the mass before them already reaches top_p; the first token always stays.
             drop = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
             row = row.scatter(0, order[drop], float("-inf"))
-        tokens[i] = draw(torch.softmax(row, dim=-1), request.generator)
+        tokens[i] = race(row, request_key(request), len(request.output_ids))
     logprobs = [None] * len(requests)
     wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     if wanted:

@@ -11,6 +11,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor signed_sin);
 torch::Tensor pack_panels512(torch::Tensor w);
+int64_t race_sample(torch::Tensor x, int64_t stream_lo, int64_t stream_hi);
 torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 
 // The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
@@ -27,6 +28,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm of rows [T, H] (cpu_layer_ops.cpp)", release());
   m.def("silu_mul", &silu_mul, "fp32 silu(gate) * up of rows [T, 2I] -> [T, I]", release());
   m.def("rope", &rope, "fp32 x * cos + roll(x, D/2) * signed_sin of x [T, H, D], tables [T, D]", release());
+  m.def("race_sample", &race_sample, "argmax of fp32 logits [V] + Gumbel noise of the stream (cpu_sampling.cpp)",
+        release());
   m.def("paged_decode_attention", &paged_decode_attention,
         "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)", release());
   m.def("decode_supported", &decode_supported, "whether paged_decode_attention has a kernel for this head_dim");

@@ -5,8 +5,8 @@ Reads top to bottom: norm, rotary embedding, attention, MLP, decoder layer, mode
 Inputs are packed: `input_ids` and `positions` are [T] for all sequences of a step together, and
 `meta` (runner.AttentionMetadata) says which rows belong to which sequence and where their K/V live.
 Q/K/V and gate/up projections are fused into one matmul each. `use_cpu_ops` runs the norms, the rotary
-embedding and SiLU * up as single compiled fp32 passes (kernels/cpu_layer_ops.cpp; the engine leaves them
-off for now, engine.py says why); the torch formulas below are what they compute.
+embedding and SiLU * up as single compiled fp32 passes (kernels/cpu_layer_ops.cpp; the engine turns them
+on for fp32 on the CPU); the torch formulas below are what they compute.
 """
 import re
 
