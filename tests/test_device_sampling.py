@@ -79,6 +79,16 @@ def test_seed_and_step_choose_the_stream(device):
     assert len(set(sample(logits, unseeded)[0])) > 5
 
 
+def test_plain_rows_draw_the_cpu_samplers_tokens(device):
+    """One random stream for both samplers: a temperature-only row gets the token sampling.sample gives
+    it (the CPU's compiled race and torch's logs round apart only at near-ties of ~1e-7)."""
+    logits = logits_of(16, 5000, seed=4, device=device)
+    requests = [Request(SamplingParams(temperature=0.8, seed=s), output_ids=[1] * s) for s in range(16)]
+    got, _ = sample(logits, requests)
+    want, _ = sampling.sample(logits.cpu(), requests)
+    assert got == want and len(set(got)) > 8
+
+
 def test_top_k_and_top_p_respect_their_support(device):
     vocab = 2500
     row = logits_of(1, vocab, seed=3, scale=2.0, device=device)[0]

@@ -66,7 +66,7 @@ def _race_both(row, key, counter):
 
     from byzantium.engine.sampling import gumbel_noise, race, stream
     lo, hi = stream(key, counter)
-    return race(row, key, counter), int((row + gumbel_noise(lo, hi, row.numel(), row.device)).argmax())
+    return race(row, key, counter), int((row + gumbel_noise(lo, hi, torch.arange(row.numel()))).argmax())
 
 
 def test_race_follows_the_distribution_and_never_picks_excluded_tokens():

@@ -1,21 +1,22 @@
 """The CUDA sampler: every row of a step sampled together on the device, one host sync.
 
 Same contract as sampling.sample: sample(logits [N, V] fp32, requests) -> (tokens, logprobs). That
-one goes row by row (a CDF draw and a host sync per sampled row); this one computes all rows
+one goes row by row (a compiled race and a host sync per sampled row); this one computes all rows
 at once and reads tokens, flags and logprobs back with a single .tolist().
 
-Randomness is counter-based, so a request's tokens do not depend on what shares its batch: the i-th
-token a request samples uses u = uniform(key, i), a blake2b hash of the request's key (its seed; without
-one, the random initial seed of its own generator) and i. The hash runs on the host (N hashes a step,
-microseconds) and u travels with the other per-row parameters in one small copy. The token is the
-inverse CDF at u of the row's distribution, over its tokens in a fixed order: vocabulary order for
-plain temperature sampling, (logit descending, token id ascending) for top-k / top-p. Everything before
-that (penalties, temperature, softmax, top-k, cumsum) is a function of the row alone, so the token is
-the same whichever rows share the batch, given the same logits. Greedy rows are argmax.
+The same random stream as sampling.sample: the i-th token a request samples is the argmax of its row's
+kept logits (over the temperature) plus Gumbel noise hashed from (the request's key, i) and each token
+id (sampling.stream, sampling.gumbel_noise; the key is its seed, else the random initial seed of its own
+generator). The two words of the stream are hashed on the host (N a step, microseconds) and travel with
+the other per-row parameters in one small copy. Everything before the race (penalties, temperature,
+top-k, top-p) is a function of the row alone, so the token is the same whichever rows share the batch,
+and rounding noise in the logits moves it only when the two best scores are that close. Greedy rows
+are argmax.
 
-Differences from sampling.sample: the random stream (same seed, other tokens; same distribution), and
-top-k keeps exactly k tokens (ties at the k-th logit: the lower ids), where the CPU sampler keeps every
-token tied with the k-th.
+Differences from sampling.sample: top-k keeps exactly k tokens (ties at the k-th logit: the lower ids),
+where the CPU sampler keeps every token tied with the k-th; and the noise's logs round as torch's do,
+where the compiled CPU race uses its own polynomial (a token differs only at a near-tie of ~1e-7).
+Plain rows race over the whole vocabulary: [rows, vocab] int64 hashes while the noise is made.
 
 Top-k / top-p rows look at the best CANDIDATES tokens first (torch.topk: a full sort of 150k-token
 rows costs milliseconds); a top-p row whose nucleus reaches past them (a flat distribution) is redone
@@ -23,19 +24,11 @@ over the whole sorted vocabulary after the read-back: a second sync, only in tha
 tokens tied exactly at the CANDIDATES-th logit torch.topk returns is its own choice; it matters only when
 the kept tokens end exactly there.)
 """
-import hashlib
-
 import torch
 
-from .sampling import request_key
+from .sampling import gumbel_noise, request_key, stream
 
 CANDIDATES = 1024
-
-
-def uniform(key, counter):
-    """A uniform float in [0, 1) from (key, counter): the top 53 bits of a blake2b digest."""
-    digest = hashlib.blake2b(b"%d:%d" % (key, counter), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 11) * 2.0 ** -53
 
 
 def _send(values, dtype, device):
@@ -63,21 +56,19 @@ def _penalize(logits, requests):
     return logits.clone().index_copy_(0, index, penalized)
 
 
-def _inverse_cdf(probs, u):
-    """Index of the token at u in each row's CDF (fp64 sums); and whether the row was a distribution."""
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[:, -1:]
-    choice = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp_(max=probs.shape[1] - 1)
-    ok = torch.isfinite(total[:, 0]) & (total[:, 0] > 0)
-    return choice[:, 0], ok
+def _race(scores, ids, lo, hi):
+    """Per row, the index of the best of scores + Gumbel noise of token ids `ids` (excluded tokens: -inf);
+    and whether the row had a finite winner (not all excluded, no NaN or inf logits)."""
+    best = (scores + gumbel_noise(lo, hi, ids)).max(dim=-1)
+    return best.indices, torch.isfinite(best.values)
 
 
-def _plain(x, u):
-    """Temperature-only rows (x already divided by it): the whole vocabulary, in vocabulary order."""
-    return _inverse_cdf(torch.softmax(x, dim=-1), u)
+def _plain(x, lo, hi):
+    """Temperature-only rows (x already divided by it): the whole vocabulary."""
+    return _race(x, torch.arange(x.shape[1], device=x.device), lo, hi)
 
 
-def _narrow(x, top_k, top_p, u, width):
+def _narrow(x, top_k, top_p, lo, hi, width):
     """Top-k / top-p rows over their first `width` tokens in the order (logit desc, id asc).
 
     top_k: [R] long, the vocabulary size where unset; top_p: [R] fp64, inf where unset. Returns
@@ -100,7 +91,7 @@ def _narrow(x, top_k, top_p, u, width):
     before = probs.cumsum(dim=-1) - probs  # mass before each token: it stays while that is < top_p
     keep = in_k & (before < top_p[:, None])
     complete = (top_k <= width) | (before[:, -1] + probs[:, -1] >= top_p)
-    choice, ok = _inverse_cdf(probs * keep, u)
+    choice, ok = _race(vals.masked_fill(~keep, float("-inf")), ids, lo, hi)
     return ids.gather(1, choice[:, None])[:, 0], ok, complete
 
 
@@ -108,19 +99,21 @@ def _sample_rows(work, rows, params, keys, counters, vocab, width):
     """Tokens for the sampled rows `rows` (plain when `width` is None, else narrow over `width`
     candidates). Returns device tensors (row index, tokens, ok, complete)."""
     device = work.device
-    table = []
+    table, streams = [], []
     for i in rows:
         p = params[i]
         k = p.top_k if 0 < p.top_k < vocab else vocab
-        table.append([i, p.temperature, uniform(keys[i], counters[i]), k, p.top_p if p.top_p < 1 else float("inf")])
+        table.append([i, p.temperature, k, p.top_p if p.top_p < 1 else float("inf")])
+        streams.append([i, *stream(keys[i], counters[i])])
     table = _send(table, torch.float64, device)
-    index = table[:, 0].long()
+    streams = _send(streams, torch.int64, device)  # the words need all their bits: not through fp64
+    index = streams[:, 0]
+    lo, hi = streams[:, 1:2], streams[:, 2:3]
     x = work.index_select(0, index) / table[:, 1:2].to(work.dtype)
-    u = table[:, 2]
     if width is None:
-        tokens, ok = _plain(x, u)
+        tokens, ok = _plain(x, lo, hi)
         return index, tokens, ok, torch.ones_like(ok)
-    return index, *_narrow(x, table[:, 3].long(), table[:, 4], u, width)
+    return index, *_narrow(x, table[:, 2].long(), table[:, 3], lo, hi, width)
 
 
 def sample(logits, requests):

@@ -62,10 +62,11 @@ def _fmix32(h):
     return h ^ (h >> 16)
 
 
-def gumbel_noise(lo, hi, n, device):
-    """The noise race adds to logits [n] (kernels/cpu_sampling.cpp computes the same in one pass):
-    g_i = -log(-log u_i), u_i = (2 k + 1) / 2^24 with k the top 23 bits of a hash of (stream, i)."""
-    h = (torch.arange(n, dtype=torch.int64, device=device) * 0x9E3779B1) & M32
+def gumbel_noise(lo, hi, ids):
+    """The noise a race adds to the logits of token ids `ids` (int64) in the stream (lo, hi) (ints, or int64
+    tensors broadcasting with ids; kernels/cpu_sampling.cpp computes the same in one pass):
+    g = -log(-log u), u = (2 k + 1) / 2^24 with k the top 23 bits of a hash of (stream, id)."""
+    h = (ids * 0x9E3779B1) & M32
     h = _fmix32(_fmix32(h ^ lo) ^ hi)
     u = ((h >> 9) * 2 + 1).float() * 2.0 ** -24
     return -torch.log(-torch.log(u))
@@ -79,7 +80,8 @@ def race(row, key, counter):
     if kernels is not None:
         token = kernels.race_sample(row.contiguous(), lo, hi)
         return token if token >= 0 else int(row.argmax())  # nothing finite to race: as argmax would
-    return int((row.float() + gumbel_noise(lo, hi, row.numel(), row.device)).argmax())
+    ids = torch.arange(row.numel(), device=row.device)
+    return int((row.float() + gumbel_noise(lo, hi, ids)).argmax())
 
 
 def sample(logits, requests):
