@@ -13,7 +13,8 @@ activations and KV cache in bf16 (throughput only), CPU):
 - rr: the RRMaj workload of bench/rr_workload.py (N=5, 3c2t, K=32, L=128, --questions x M=5).
   Byzantium through its protocol code (rr_workload.run_engine); transformers re-encoding every turn,
   all trajectories (rr_workload.run_naive, no sample); vLLM as one batched `generate` per turn over all
-  live trajectories, prompt + shared reply re-sent, prefix caching on. Compared per generated token.
+  live trajectories, prompt + shared reply re-sent, prefix caching on. Compared per generated token (the
+  sides sample different trajectories, so their lengths differ; every run samples new ones on both sides).
 - sac: round 1 of bench/sac_round.py (n=7, F=3, --sac-problems problems). Byzantium in-process;
   vLLM's OpenAI server (`vllm serve`) driven by the same protocol code through the openai backend,
   one HTTP request per agent call, all of a round's calls concurrent (as the SAC reference does).
@@ -182,7 +183,7 @@ def project_worker(side, workload, spec):
         elif workload == "rr":
             cfg = (spec["m"], spec["k"], spec["max_len"], spec["temperature"])
             if side == "byzantium":
-                out = rr_workload.run_engine(model_dir, tasks, *cfg)
+                out = rr_workload.run_engine(model_dir, tasks, *cfg, seed=job["seed"])  # new trajectories each run
             else:
                 out = rr_workload.run_naive(model_dir, tasks, *cfg, 0)["measured"]  # all trajectories
             out["gen_tok_s"] = out["generated_tokens"] / out["seconds"]

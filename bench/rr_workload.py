@@ -31,13 +31,14 @@ from byzantium.tasks import get_task
 N, C = 5, 3
 
 
-def run_engine(model_dir, tasks, m, k, max_len, temperature):
+def run_engine(model_dir, tasks, m, k, max_len, temperature, seed=0):
+    """seed: the trajectories' speaking orders and sampling seeds (rr_majority's)."""
     llm = load_llm(model_dir, backend="native", device="cpu")
     agents = make_agents(llm, C, N)
 
     async def workload(tasks):
-        return await asyncio.gather(*(rr_majority(t, agents, m=m, k=k, max_len=max_len, temperature=temperature)
-                                      for t in tasks))
+        return await asyncio.gather(*(rr_majority(t, agents, m=m, k=k, max_len=max_len, temperature=temperature,
+                                                  seed=seed) for t in tasks))
 
     asyncio.run(workload(tasks[:1]))  # warm-up
     llm.reset_stats()

@@ -226,7 +226,7 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
     calls = []
     real = ext.paged_decode_attention
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: type("Spy", (), {
-        "decode_supported": staticmethod(ext.decode_supported),
+        "decode_supported": staticmethod(ext.decode_supported), "store_kv": staticmethod(ext.store_kv),
         "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))}))
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -259,6 +259,40 @@ def test_fused_rms_norm_matches_the_torch_formula(rows, hidden):
     got = ext.rms_norm(x, norm.weight.detach(), norm.eps)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(ext.rms_norm(x[rows // 2:], norm.weight.detach(), norm.eps), got[rows // 2:])  # row by row
+
+
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (300, 576), (5, 20)])
+def test_fused_add_rms_norm_adds_as_torch_and_norms_the_sum(rows, hidden):
+    from byzantium.engine.models.llama import RMSNorm
+    g = torch.Generator().manual_seed(rows * hidden)
+    norm = RMSNorm(hidden, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=g))
+    x = torch.randn(rows, hidden + 3, generator=g)[:, 1:1 + hidden]  # strided rows
+    residual = torch.randn(rows, hidden, generator=g) * 4
+    want_out, want_sum = norm.add_forward(x, residual)  # the torch formula (no cpu_ops)
+    out, total = ext.add_rms_norm(x, residual, norm.weight.detach(), norm.eps)
+    assert torch.equal(total, want_sum)  # the residual stream itself is bit-exact
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out, ext.rms_norm(total, norm.weight.detach(), norm.eps))
+    assert norm.add_forward(x, None)[1] is x  # the first layer: nothing to add
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_the_reference(dtype):
+    from byzantium.kernels import cpu, reference
+    g = torch.Generator().manual_seed(3)
+    blocks, block_size, kv_heads, head_dim, tokens = 6, 4, 3, 8, 9
+    qkv = torch.randn(tokens, (5 + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    k = qkv[:, 5 * head_dim:(5 + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)  # strided views
+    v = qkv[:, (5 + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    slots = torch.tensor([0, 5, -1, 23, 7, 8, -1, 12, 1])
+    caches = [torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
+    cpu.store_kv(k, v, caches[0][0], caches[0][1], slots)
+    reference.store_kv(k, v, caches[1][0], caches[1][1], slots)
+    assert torch.equal(caches[0], caches[1]) and caches[0].abs().sum() > 0
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ext.store_kv(k, v, caches[0][0], caches[0][1], torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 24]))
 
 
 @pytest.mark.parametrize("rows, inner", [(1, 1536), (9, 24), (130, 1536), (3, 13)])

@@ -22,7 +22,6 @@ import functools
 import torch
 
 from . import cpu_ext, reference, warn_once
-from .reference import store_kv  # noqa: F401 - part of this backend's three functions
 
 ROW_LIMIT_CANDIDATES = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # new tokens per sequence, timed by row_limit
 BUSY_ROW_LIMIT = 32  # when the timings are noise (another process had the cores): what one quiet machine measured
@@ -51,6 +50,15 @@ def _kernel(q, k_cache):
                   f"it uses the torch reference")
         return None
     return ext
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    """The compiled copy (one call for k and v, strided views taken as they are) where it applies."""
+    ext = cpu_ext.load()
+    if (ext is None or k.device.type != "cpu" or k.dtype != k_cache.dtype or slot_mapping.dtype != torch.int64
+            or not all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))):
+        return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    ext.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):

@@ -13,6 +13,7 @@
 #include "cpu_simd.h"
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -197,4 +198,36 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
     dispatch(D, qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), lp, tp, op, B, Hq, Hkv, block_size, width,
              (float)scale);
   return out;
+}
+
+// Writes k, v [T, Hkv, D] (each token's heads contiguous, any token stride: views of the QKV projection)
+// into their cache slots slot_mapping[T] (int64; -1: not stored) of k_cache, v_cache [blocks, block_size,
+// Hkv, D] (contiguous, the dtype of k and v): one copy per token and tensor, where index_copy_ on the
+// strided views cost two calls and a gather each.
+void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+              torch::Tensor slot_mapping) {
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), "store_kv: k, v [T, Hkv, D]");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+              k.scalar_type() == v.scalar_type(), "store_kv: k, v and the caches share one dtype");
+  const int64_t T = k.size(0), row = k.size(1) * k.size(2);
+  for (const auto* t : {&k, &v})
+    TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2), "store_kv: each token's heads contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.numel() == v_cache.numel() &&
+              k_cache.size(-1) * k_cache.size(-2) == row, "store_kv: contiguous caches [blocks, block_size, Hkv, D]");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == T,
+              "store_kv: slot_mapping int64 [T]");
+  const int64_t slots = k_cache.numel() / row, size = k.element_size();
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(slot[t] >= -1 && slot[t] < slots, "store_kv: slot ", slot[t], " outside the cache");
+  const char *kp = (const char*)k.data_ptr(), *vp = (const char*)v.data_ptr();
+  char *kc = (char*)k_cache.data_ptr(), *vc = (char*)v_cache.data_ptr();
+  const int64_t k_ld = k.stride(0) * size, v_ld = v.stride(0) * size, bytes = row * size;
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (slot[t] < 0) continue;
+      std::memcpy(kc + slot[t] * bytes, kp + t * k_ld, bytes);
+      std::memcpy(vc + slot[t] * bytes, vp + t * v_ld, bytes);
+    }
+  });
 }

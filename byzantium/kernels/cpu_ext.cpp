@@ -4,10 +4,13 @@
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor seq_lens, torch::Tensor block_tables, double scale);
 bool decode_supported(int64_t head_dim);
+void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping);
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 bool avx512_supported();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
+                                                      double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor signed_sin);
 torch::Tensor pack_panels512(torch::Tensor w);
@@ -26,11 +29,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_linear512", &panel_linear512, "AVX-512 fp32 x[M, K] @ w.T + b with w packed by pack_panels512",
         release());
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm of rows [T, H] (cpu_layer_ops.cpp)", release());
+  m.def("add_rms_norm", &add_rms_norm, "fp32 (RMSNorm(x + residual), x + residual) of rows [T, H]", release());
   m.def("silu_mul", &silu_mul, "fp32 silu(gate) * up of rows [T, 2I] -> [T, I]", release());
   m.def("rope", &rope, "fp32 x * cos + roll(x, D/2) * signed_sin of x [T, H, D], tables [T, D]", release());
   m.def("race_sample", &race_sample, "argmax of fp32 logits [V] + Gumbel noise of the stream (cpu_sampling.cpp)",
         release());
   m.def("paged_decode_attention", &paged_decode_attention,
         "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)", release());
+  m.def("store_kv", &store_kv, "k, v [T, Hkv, D] into their paged cache slots (-1: skipped)", release());
   m.def("decode_supported", &decode_supported, "whether paged_decode_attention has a kernel for this head_dim");
 }

@@ -8,40 +8,72 @@
 #include "cpu_simd.h"
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 // Rows per thread below which a call stays on one thread (a decode step): a parallel region costs more.
 constexpr int64_t GRAIN_FLOATS = 16384;
 
 static int64_t grain(int64_t row_floats) { return std::max<int64_t>(1, GRAIN_FLOATS / std::max<int64_t>(1, row_floats)); }
 
-// out[t] = w * x[t] / sqrt(mean(x[t]^2) + eps), the sum of squares in fp32 (as transformers computes it).
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+// y = w * r / sqrt(mean(r^2) + eps) for one row r, the sum of squares in fp32 (as transformers computes it).
+static inline void norm_row(const float* r, const float* w, float* y, int64_t H, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t h = 0;
+  for (; h + 8 <= H; h += 8) {
+    const __m256 v = _mm256_loadu_ps(r + h);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float squares = hsum(acc);
+  for (; h < H; ++h) squares += r[h] * r[h];
+  const float inv = 1.0f / std::sqrt(squares / H + eps);
+  const __m256 invv = _mm256_set1_ps(inv);
+  for (h = 0; h + 8 <= H; h += 8)
+    _mm256_storeu_ps(y + h, _mm256_mul_ps(_mm256_loadu_ps(w + h), _mm256_mul_ps(_mm256_loadu_ps(r + h), invv)));
+  for (; h < H; ++h) y[h] = w[h] * (r[h] * inv);
+}
+
+static void check_norm(const torch::Tensor& x, const torch::Tensor& weight) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "rms_norm: fp32 rows [T, H]");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.numel() == x.size(1) && weight.is_contiguous(),
+              "rms_norm: weight [H]");
+}
+
+// RMSNorm of rows x [T, H].
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_norm(x, weight);
   const int64_t T = x.size(0), H = x.size(1), ld = x.stride(0);
-  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.numel() == H && weight.is_contiguous(), "rms_norm: weight [H]");
   auto out = torch::empty({T, H}, x.options());
   const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, T, grain(H), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* row = xp + t * ld;
-      float* y = op + t * H;
-      __m256 acc = _mm256_setzero_ps();
-      int64_t h = 0;
-      for (; h + 8 <= H; h += 8) {
-        const __m256 v = _mm256_loadu_ps(row + h);
-        acc = _mm256_fmadd_ps(v, v, acc);
-      }
-      float squares = hsum(acc);
-      for (; h < H; ++h) squares += row[h] * row[h];
-      const float inv = 1.0f / std::sqrt(squares / H + (float)eps);
-      const __m256 invv = _mm256_set1_ps(inv);
-      for (h = 0; h + 8 <= H; h += 8)
-        _mm256_storeu_ps(y + h, _mm256_mul_ps(_mm256_loadu_ps(wp + h), _mm256_mul_ps(_mm256_loadu_ps(row + h), invv)));
-      for (; h < H; ++h) y[h] = wp[h] * (row[h] * inv);
-    }
+    for (int64_t t = begin; t < end; ++t) norm_row(xp + t * ld, wp, op + t * H, H, (float)eps);
   });
   return out;
+}
+
+// The residual stream's add and the norm after it in one pass: r = x + residual (rounded as torch's add),
+// returns (RMSNorm(r), r).
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
+                                                      double eps) {
+  check_norm(x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == at::kFloat && residual.stride(1) == 1,
+              "add_rms_norm: residual like x");
+  const int64_t T = x.size(0), H = x.size(1), ldx = x.stride(0), ldr = residual.stride(0);
+  auto out = torch::empty({T, H}, x.options());
+  auto sum = torch::empty({T, H}, x.options());
+  const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float *op = out.data_ptr<float>(), *sp = sum.data_ptr<float>();
+  at::parallel_for(0, T, grain(2 * H), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *a = xp + t * ldx, *b = rp + t * ldr;
+      float* r = sp + t * H;
+      int64_t h = 0;
+      for (; h + 8 <= H; h += 8) _mm256_storeu_ps(r + h, _mm256_add_ps(_mm256_loadu_ps(a + h), _mm256_loadu_ps(b + h)));
+      for (; h < H; ++h) r[h] = a[h] + b[h];
+      norm_row(r, wp, op + t * H, H, (float)eps);
+    }
+  });
+  return {out, sum};
 }
 
 // silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows): 1 / (1 + e) for g >= 0,

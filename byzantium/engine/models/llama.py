@@ -88,6 +88,16 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
+    def add_forward(self, x, residual):
+        """(norm(x + residual), x + residual): the residual stream's add done in the norm's own pass
+        (residual None, the first layer: x alone)."""
+        if residual is None:
+            return self(x), x
+        if self.cpu_ops is not None and x.dtype == torch.float32:
+            return self.cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        residual = x + residual
+        return self(residual), residual
+
 
 def rope_tables(config, head_dim, max_positions):
     """cos, sin [max_positions, head_dim // 2] in fp32, with the config's rope scaling (transformers' own
@@ -193,9 +203,13 @@ class DecoderLayer(nn.Module):
         moe = arch == "Qwen3MoeForCausalLM" and is_sparse_layer(config, index)
         self.mlp = SparseMoeBlock(config) if moe else MLP(config)
 
-    def forward(self, x, cos, sin, meta, k_cache, v_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, meta, k_cache, v_cache):
+        """x: the previous layer's output (layer 0: the embeddings, residual None). Returns this layer's
+        output and the residual stream before it: the next norm adds them."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, cos, sin, meta, k_cache, v_cache),
+                                                                residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -252,9 +266,10 @@ class LlamaForCausalLM(nn.Module):
         cos = self.rope_cos.index_select(0, positions).to(x.dtype).unsqueeze(1)
         sin = self.rope_sin.index_select(0, positions).to(x.dtype).unsqueeze(1)
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, meta, kv_cache[i, 0], kv_cache[i, 1])
-        return self.model.norm(x)
+            x, residual = layer(x, residual, cos, sin, meta, kv_cache[i, 0], kv_cache[i, 1])
+        return self.model.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden):
         return self.lm_head(hidden).float()
