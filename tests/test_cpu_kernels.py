@@ -126,6 +126,10 @@ def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head
     got = ext.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale)
     assert torch.isfinite(got).all()  # the NaN outside the sequences' slots never leaks
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Query rows with a stride (q heads sliced out of the QKV projection, as the models pass them): read in place.
+    wide = torch.cat([q, torch.randn(batch, 2, head_dim)], dim=1)[:, :num_heads]
+    assert wide.stride(0) == (num_heads + 2) * head_dim
+    assert torch.equal(ext.paged_decode_attention(wide, k_cache, v_cache, lengths, tables, scale), got)
 
 
 

@@ -123,9 +123,9 @@ static void value_pass(const float* p, const float* sums, int64_t heads, const W
 }
 
 template <int DV, typename T>
-static void decode(const float* q, const T* kc, const T* vc, const int32_t* lens, const int32_t* tables,
-                   float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t block_size, int64_t table_width,
-                   float scale) {
+static void decode(const float* q, int64_t q_ld, const T* kc, const T* vc, const int32_t* lens,
+                   const int32_t* tables, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t block_size,
+                   int64_t table_width, float scale) {
   constexpr int D = 8 * DV;
   const int64_t group = Hq / Hkv;
   // A whole sequence per item reads each of its blocks (all KV heads, contiguous) in one go;
@@ -139,7 +139,8 @@ static void decode(const float* q, const T* kc, const T* vc, const int32_t* lens
       const Walk<T> w{kc + first_kv * D, vc + first_kv * D, tables + b * table_width, lens[b], block_size, Hkv * D, group};
       // The item's query heads are consecutive: first_kv * group .. + heads - 1.
       const int64_t first_head = b * Hq + first_kv * group;
-      for (int64_t d = 0; d < heads * D; ++d) scaled_q[d] = q[first_head * D + d] * scale;
+      const float* q_heads = q + b * q_ld + first_kv * group * D;  // a query row's heads are contiguous
+      for (int64_t d = 0; d < heads * D; ++d) scaled_q[d] = q_heads[d] * scale;
       scores.resize(heads * w.length);
       score_pass<DV, T>(scaled_q.data(), heads, w, scores.data());
       for (int64_t j = 0; j < heads; ++j) sums[j] = softmax_numerators(scores.data() + j * w.length, w.length);
@@ -155,16 +156,16 @@ bool decode_supported(int64_t head_dim) {
 }
 
 template <typename T>
-static void dispatch(int64_t D, const float* qp, const T* kp, const T* vp, const int32_t* lp, const int32_t* tp,
+static void dispatch(int64_t D, const float* qp, int64_t q_ld, const T* kp, const T* vp, const int32_t* lp, const int32_t* tp,
                      float* op, int64_t B, int64_t Hq, int64_t Hkv, int64_t block_size, int64_t width, float scale) {
   switch (D) {
-    case 16: decode<2, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
-    case 32: decode<4, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
-    case 64: decode<8, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
-    case 80: decode<10, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
-    case 96: decode<12, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
-    case 128: decode<16, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
-    default: decode<32, T>(qp, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 16: decode<2, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 32: decode<4, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 64: decode<8, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 80: decode<10, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 96: decode<12, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    case 128: decode<16, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
+    default: decode<32, T>(qp, q_ld, kp, vp, lp, tp, op, B, Hq, Hkv, block_size, width, scale); break;
   }
 }
 
@@ -180,22 +181,22 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == D && Hq % Hkv == 0 && decode_supported(D), "paged_decode_attention: head layout");
   TORCH_CHECK(seq_lens.numel() == B && block_tables.dim() == 2 && block_tables.size(0) == B, "paged_decode_attention: metadata");
-  q = q.contiguous();
+  if (q.stride(2) != 1 || q.stride(1) != D) q = q.contiguous();  // rows may be strided (views of the QKV output)
   auto lens = seq_lens.to(at::kInt).contiguous();
   auto tables = block_tables.to(at::kInt).contiguous();
   const int32_t* lp = lens.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= tables.size(1) * block_size, "paged_decode_attention: seq_lens out of range");
-  auto out = torch::empty_like(q);
+  auto out = torch::empty({B, Hq, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const int32_t* tp = tables.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const int64_t width = tables.size(1);
   if (bf16)
-    dispatch(D, qp, (const uint16_t*)k_cache.data_ptr(), (const uint16_t*)v_cache.data_ptr(), lp, tp, op, B, Hq, Hkv,
+    dispatch(D, qp, q.stride(0), (const uint16_t*)k_cache.data_ptr(), (const uint16_t*)v_cache.data_ptr(), lp, tp, op, B, Hq, Hkv,
              block_size, width, (float)scale);
   else
-    dispatch(D, qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), lp, tp, op, B, Hq, Hkv, block_size, width,
+    dispatch(D, qp, q.stride(0), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), lp, tp, op, B, Hq, Hkv, block_size, width,
              (float)scale);
   return out;
 }
