@@ -106,3 +106,30 @@ def test_race_barely_moves_under_rounding_noise():
     noisy = rows * (1 + 1e-6 * torch.randn(rows.shape, generator=g))
     moved = sum(race(a, 9, i) != race(b, 9, i) for i, (a, b) in enumerate(zip(rows, noisy)))
     assert moved <= 2
+
+
+def test_a_seeded_transcript_survives_kernels_that_round_differently(smollm2_dir, monkeypatch):
+    """Seeded transcripts of a resilience system (three questions, three agents, temperature 0.7) are the
+    same with the fused CPU layer ops on or off and with either attention path for short appends (what a
+    kernel chosen on another machine changes): their logits differ by ~1e-5, which moves a race only at a
+    near-tie. (Inverting the CDF, a draw that fell among tail tokens moved: on one of these questions the
+    four runs gave four different transcripts.)"""
+    import asyncio
+
+    from byzantium.backends import load_llm
+    from byzantium.kernels import cpu, cpu_ext
+    from byzantium.protocols.resilience import build_system, run_system
+    from byzantium.tasks import get_task
+    tasks = get_task("gen-arith", 3, seed=3)
+    transcripts = []
+    for fused, row_limit in ((True, None), (False, None), (True, 0), (False, 0)):
+        llm = load_llm(smollm2_dir, backend="native", num_blocks=1024)
+        llm.engine.engine.model.use_cpu_ops(cpu_ext.load() if fused else None)
+        if row_limit is not None:  # every append through gathered SDPA instead of row by row
+            monkeypatch.setattr(cpu, "row_limit", lambda *shape: row_limit)
+        async def systems():
+            return await asyncio.gather(*(run_system(build_system("self-collab"), task, llm, params=SamplingParams(
+                max_tokens=24, temperature=0.7), seed=1) for task in tasks))
+        transcripts.append([(m["sender"], m["text"]) for r in asyncio.run(systems()) for m in r["messages"]])
+        llm.close()
+    assert all(t == transcripts[0] for t in transcripts) and len(transcripts[0]) == 9
