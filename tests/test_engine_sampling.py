@@ -133,3 +133,18 @@ def test_a_seeded_transcript_survives_kernels_that_round_differently(smollm2_dir
         transcripts.append([(m["sender"], m["text"]) for r in asyncio.run(systems()) for m in r["messages"]])
         llm.close()
     assert all(t == transcripts[0] for t in transcripts) and len(transcripts[0]) == 9
+
+
+def test_compiled_argmax_is_torchs():
+    import torch
+
+    from byzantium.kernels import cpu_ext
+    ext = cpu_ext.load()
+    g = torch.Generator().manual_seed(5)
+    for rows, vocab in ((1, 1), (3, 7), (32, 49152), (5, 1003)):
+        x = torch.randn(rows, vocab, generator=g)
+        x[0, vocab // 2:] = x[0].max()  # ties: the first index wins
+        if rows > 2:
+            x[1] = float("-inf")
+            x[2, vocab - 1] = float("nan")  # a NaN counts as the largest
+        assert torch.equal(ext.argmax_rows(x), x.argmax(dim=-1))

@@ -15,6 +15,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor signed_sin);
 torch::Tensor pack_panels512(torch::Tensor w);
 int64_t race_sample(torch::Tensor x, int64_t stream_lo, int64_t stream_hi);
+torch::Tensor argmax_rows(torch::Tensor x);
 torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 
 // The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
@@ -32,6 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "fp32 (RMSNorm(x + residual), x + residual) of rows [T, H]", release());
   m.def("silu_mul", &silu_mul, "fp32 silu(gate) * up of rows [T, 2I] -> [T, I]", release());
   m.def("rope", &rope, "fp32 x * cos + roll(x, D/2) * signed_sin of x [T, H, D], tables [T, D]", release());
+  m.def("argmax_rows", &argmax_rows, "torch.argmax(x, -1) of fp32 rows [N, V] (cpu_sampling.cpp)", release());
   m.def("race_sample", &race_sample, "argmax of fp32 logits [V] + Gumbel noise of the stream (cpu_sampling.cpp)",
         release());
   m.def("paged_decode_attention", &paged_decode_attention,
