@@ -231,6 +231,7 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
     real = ext.paged_decode_attention
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: type("Spy", (), {
         "decode_supported": staticmethod(ext.decode_supported), "store_kv": staticmethod(ext.store_kv),
+        "argmax_rows": staticmethod(ext.argmax_rows),
         "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))}))
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
