@@ -60,6 +60,9 @@ def test_seeded_rows_do_not_depend_on_the_batch(device):
     order = [6, 2, 0, 5, 3, 1, 4]
     shuffled, _ = sample(logits[order], [requests[i] for i in order])
     assert shuffled == [full[i] for i in order]
+    with pytest.MonkeyPatch.context() as patch:  # the noise made two rows at a time (top-k / top-p rows too)
+        patch.setattr(device_sampling, "NOISE_ROWS", 2)
+        assert sample(logits, requests)[0] == full
     # other company: the same rows among unrelated ones
     others = logits_of(5, vocab, seed=2, device=device)
     mixed = torch.cat([others[:2], logits[[1, 3]], others[2:]])
@@ -79,7 +82,7 @@ def test_seed_and_step_choose_the_stream(device):
     assert len(set(sample(logits, unseeded)[0])) > 5
 
 
-def test_plain_rows_draw_the_cpu_samplers_tokens(device):
+def test_plain_rows_draw_the_cpu_samplers_tokens(device, monkeypatch):
     """One random stream for both samplers: a temperature-only row gets the token sampling.sample gives
     it (the CPU's compiled race and torch's logs round apart only at near-ties of ~1e-7)."""
     logits = logits_of(16, 5000, seed=4, device=device)
@@ -87,6 +90,8 @@ def test_plain_rows_draw_the_cpu_samplers_tokens(device):
     got, _ = sample(logits, requests)
     want, _ = sampling.sample(logits.cpu(), requests)
     assert got == want and len(set(got)) > 8
+    monkeypatch.setattr(device_sampling, "NOISE_ROWS", 3)  # the noise made a few rows at a time: same tokens
+    assert sample(logits, requests)[0] == got
 
 
 def test_top_k_and_top_p_respect_their_support(device):

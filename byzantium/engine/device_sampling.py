@@ -16,7 +16,7 @@ are argmax.
 Differences from sampling.sample: top-k keeps exactly k tokens (ties at the k-th logit: the lower ids),
 where the CPU sampler keeps every token tied with the k-th; and the noise's logs round as torch's do,
 where the compiled CPU race uses its own polynomial (a token differs only at a near-tie of ~1e-7).
-Plain rows race over the whole vocabulary: [rows, vocab] int64 hashes while the noise is made.
+Plain rows race over the whole vocabulary, NOISE_ROWS rows at a time ([64, vocab] int64 hashes).
 
 Top-k / top-p rows look at the best CANDIDATES tokens first (torch.topk: a full sort of 150k-token
 rows costs milliseconds); a top-p row whose nucleus reaches past them (a flat distribution) is redone
@@ -29,6 +29,7 @@ import torch
 from .sampling import gumbel_noise, request_key, stream
 
 CANDIDATES = 1024
+NOISE_ROWS = 64
 
 
 def _send(values, dtype, device):
@@ -57,10 +58,16 @@ def _penalize(logits, requests):
 
 
 def _race(scores, ids, lo, hi):
-    """Per row, the index of the best of scores + Gumbel noise of token ids `ids` (excluded tokens: -inf);
-    and whether the row had a finite winner (not all excluded, no NaN or inf logits)."""
-    best = (scores + gumbel_noise(lo, hi, ids)).max(dim=-1)
-    return best.indices, torch.isfinite(best.values)
+    """Per row, the index of the best of scores + Gumbel noise of token ids `ids` ([V] for every row, or
+    [R, V]; excluded tokens: -inf); and whether the row had a finite winner (not all excluded, no NaN or inf
+    logits). NOISE_ROWS rows at a time, so the int64 hashes stay small ([64, vocab])."""
+    indices, finite = [], []
+    for start in range(0, scores.shape[0], NOISE_ROWS):
+        rows = slice(start, start + NOISE_ROWS)
+        best = (scores[rows] + gumbel_noise(lo[rows], hi[rows], ids if ids.dim() == 1 else ids[rows])).max(dim=-1)
+        indices.append(best.indices)
+        finite.append(torch.isfinite(best.values))
+    return torch.cat(indices), torch.cat(finite)
 
 
 def _plain(x, lo, hi):
