@@ -164,6 +164,8 @@ def test_append_prefill_goes_row_by_row_per_sequence_and_matches_reference(new_t
     calls = []
     real = ext.paged_decode_attention
     spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
+                           "prefill_supported": staticmethod(ext.prefill_supported),
+                           "paged_prefill_attention": staticmethod(ext.paged_prefill_attention),
                            "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))})
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
     monkeypatch.setattr(cpu, "row_limit", lambda *shape: limit)  # what this machine might have measured
@@ -174,6 +176,81 @@ def test_append_prefill_goes_row_by_row_per_sequence_and_matches_reference(new_t
     # Each sequence by its own new tokens: the short ones' tokens in one row-by-row call.
     short = sum(n for n in new_tokens if 0 < n <= limit)
     assert calls == ([short] if short else [])
+
+
+def prefill_case(new_tokens, cached, num_heads, num_kv_heads, head_dim, block_size, seed):
+    """Sequences of `cached` + `new_tokens` tokens in a NaN-filled pool (their K/V stored) and the queries of
+    their new tokens: the arguments of append_prefill_attention."""
+    lengths = [c + n for c, n in zip(cached, new_tokens)]
+    _, k_cache, v_cache, seq_lens, tables = paged_case(len(lengths), num_heads, num_kv_heads, head_dim, block_size,
+                                                       max(lengths), seed, min_lengths=lengths)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)  # exactly these lengths (the pool holds at least them)
+    cu = torch.tensor([0] + new_tokens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]), num_heads, head_dim, generator=torch.Generator().manual_seed(seed + 1))
+    return q, k_cache, v_cache, cu, seq_lens, tables
+
+
+needs_avx512 = pytest.mark.skipif(ext is None or not ext.prefill_supported(64), reason="no AVX-512 on this CPU")
+
+
+@needs_avx512
+@pytest.mark.parametrize("new_tokens, cached, num_heads, num_kv_heads, head_dim, block_size", [
+    ([1], [0], 9, 3, 64, 16),                    # one token
+    ([128], [0], 9, 3, 64, 16),                  # SmolLM2's heads: a prompt of 8 full tiles
+    ([100, 3, 0, 77], [0, 40, 9, 300], 9, 3, 64, 16),  # appends to cached prefixes, an idle sequence
+    ([70, 33], [0, 12], 4, 4, 128, 32),          # no GQA, head_dim 128
+    ([50, 9], [5, 0], 16, 2, 32, 1),             # group of 8, one-token blocks
+    ([23], [0], 4, 2, 16, 16),                   # the tiny test models' head size
+    ([40], [3], 2, 1, 80, 8),
+    ([20], [17], 4, 2, 256, 16),
+    ([300], [0], 6, 2, 64, 16),                  # tiles straddling chunk and block ends
+])
+def test_prefill_attention_matches_reference(new_tokens, cached, num_heads, num_kv_heads, head_dim, block_size):
+    from byzantium.kernels import reference
+    args = prefill_case(new_tokens, cached, num_heads, num_kv_heads, head_dim, block_size,
+                        seed=sum(new_tokens) + head_dim)
+    scale = head_dim ** -0.5
+    want = reference.append_prefill_attention(*args, scale)
+    got = ext.paged_prefill_attention(*args, scale)
+    assert torch.isfinite(got).all()  # the NaN outside the sequences' slots never leaks
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Query rows with a stride (q heads sliced out of the QKV projection): read in place, same result.
+    q = args[0]
+    wide = torch.cat([q, torch.randn(q.shape[0], 3, head_dim)], dim=1)[:, :num_heads]
+    assert torch.equal(ext.paged_prefill_attention(wide, *args[1:], scale), got)
+
+
+@needs_avx512
+def test_prefill_attention_reads_a_bf16_cache_and_rejects_bad_calls():
+    from byzantium.kernels import cpu, reference
+    q, k_cache, v_cache, cu, lengths, tables = prefill_case([60, 5], [10, 30], 8, 2, 64, 16, seed=4)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    want = reference.append_prefill_attention(q, k16.float(), v16.float(), cu, lengths, tables, 0.125)
+    torch.testing.assert_close(ext.paged_prefill_attention(q, k16, v16, cu, lengths, tables, 0.125), want,
+                               rtol=1e-5, atol=1e-5)
+    out = cpu.append_prefill_attention(q.bfloat16(), k16, v16, cu, lengths, tables, 0.125)
+    assert out.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="fp32 queries"):
+        ext.paged_prefill_attention(q.bfloat16(), k16, v16, cu, lengths, tables, 0.125)
+    with pytest.raises(RuntimeError, match="has 60 new tokens and length 50"):
+        ext.paged_prefill_attention(q, k_cache, v_cache, cu, torch.tensor([50, 35], dtype=torch.int32), tables, 0.1)
+    with pytest.raises(RuntimeError, match="cu_seqlens_q"):
+        ext.paged_prefill_attention(q[:-1], k_cache, v_cache, cu, lengths, tables, 0.1)
+    assert not ext.prefill_supported(60)
+
+
+def test_prefill_without_the_kernel_goes_to_the_reference(monkeypatch):
+    from byzantium.kernels import cpu, reference
+    q, k_cache, v_cache, cu, lengths, tables = prefill_case([40, 2], [0, 7], 9, 3, 64, 16, seed=5)
+    spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
+                           "prefill_supported": staticmethod(lambda head_dim: False),  # an AVX2-only CPU
+                           "paged_prefill_attention": staticmethod(lambda *a: pytest.fail("no kernel here")),
+                           "paged_decode_attention": staticmethod(ext.paged_decode_attention)})
+    monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
+    monkeypatch.setattr(cpu, "row_limit", lambda *shape: 4)
+    got = cpu.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
+    torch.testing.assert_close(got, reference.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_row_limit_is_measured_once_per_machine_and_head_shape(tmp_path, monkeypatch):
@@ -189,7 +266,7 @@ def test_row_limit_is_measured_once_per_machine_and_head_shape(tmp_path, monkeyp
     (measured,) = [v for k, v in entry.items() if k.startswith("attention rows 4x2x64")]
     assert measured["limit"] == limit and measured["seconds"]
     for new, times in measured["seconds"].items():  # rows won (or tied) at every size up to the limit
-        assert int(new) > limit or times["rows"] <= times["sdpa"]
+        assert int(new) > limit or times["rows"] <= times["tiles"]
     cpu.row_limit.cache_clear()
     monkeypatch.setattr(cpu, "_measure_row_limit", lambda *a: pytest.fail("measured again"))
     assert cpu.row_limit(4, 2, 64, 16) == limit
@@ -231,7 +308,8 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
     real = ext.paged_decode_attention
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: type("Spy", (), {
         "decode_supported": staticmethod(ext.decode_supported), "store_kv": staticmethod(ext.store_kv),
-        "argmax_rows": staticmethod(ext.argmax_rows),
+        "argmax_rows": staticmethod(ext.argmax_rows), "prefill_supported": staticmethod(ext.prefill_supported),
+        "paged_prefill_attention": staticmethod(ext.paged_prefill_attention),
         "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))}))
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)

@@ -4,6 +4,10 @@
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor seq_lens, torch::Tensor block_tables, double scale);
 bool decode_supported(int64_t head_dim);
+torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                      torch::Tensor cu_seqlens_q, torch::Tensor seq_lens, torch::Tensor block_tables,
+                                      double scale);
+bool prefill_supported(int64_t head_dim);
 void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping);
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
@@ -38,6 +42,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("paged_decode_attention", &paged_decode_attention,
         "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)", release());
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "fp32 causal prefill attention over the paged KV cache, AVX-512 (cpu_prefill_attention.cpp)", release());
+  m.def("prefill_supported", &prefill_supported, "whether paged_prefill_attention runs here for this head_dim");
   m.def("store_kv", &store_kv, "k, v [T, Hkv, D] into their paged cache slots (-1: skipped)", release());
   m.def("decode_supported", &decode_supported, "whether paged_decode_attention has a kernel for this head_dim");
 }

@@ -6,6 +6,8 @@
     if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
         y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
     out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp
+    if ext.prefill_supported(head_dim):               # cpu_prefill_attention.cpp (AVX-512)
+        out = ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.cpp
     token = ext.race_sample(logits, stream_lo, stream_hi)  # cpu_sampling.cpp (engine/sampling.py)
 
@@ -26,7 +28,8 @@ from ..paths import cache_root
 from . import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in
-           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp", "cpu_layer_ops.cpp",
+           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp", "cpu_prefill_attention.cpp",
+             "cpu_layer_ops.cpp",
              "cpu_sampling.cpp")]
 HEADERS = [Path(__file__).with_name("cpu_simd.h")]
 

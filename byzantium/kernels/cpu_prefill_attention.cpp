@@ -1,0 +1,293 @@
+// Causal prefill attention over the paged KV cache for x86 CPUs with AVX-512: the contract of
+// reference.append_prefill_attention without a window (new tokens over their sequence's cached prefix and
+// themselves), reading K/V in place from the block pool. Queries, arithmetic and output in fp32; the pool
+// in fp32 or bf16 (bf16 keys and values widened a chunk at a time).
+//
+// The torch path gathers each sequence's K/V out of the pool and runs SDPA, whose CPU kernel reached
+// ~120 GFLOP/s on a 1024-token prompt (a third of that prefill's time). Here the query rows lie in the
+// vector lanes: a tile is 48 rows (query positions x the query heads of one KV head, GQA), held
+// transposed as [D][48], so a score is a broadcast key element times three row vectors, and a chunk's
+// row maxima, exponentials and sums are plain vertical operations (no horizontal reductions). Per chunk
+// of 64 keys: scores (8 keys x 48 rows in 24 registers), the online-softmax update, then the weighted
+// values into the output tile, also held transposed (8 head dims x 48 rows in 24 registers). Only keys
+// up to a tile's last position are read, and only the first seq_lens[b] slots of a sequence, so
+// nothing else in the pool (NaN included) can leak; masked scores get weight exactly 0.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace {
+
+constexpr int ROWS = 48;   // query rows per tile: three 16-lane vectors
+constexpr int CHUNK = 64;  // keys per online-softmax step
+constexpr int KT = 8;      // keys per score micro-tile
+constexpr int DT = 8;      // head dims per output micro-tile
+
+struct Tile {  // query rows first_row .. first_row + rows - 1 of one sequence and KV head
+  int64_t seq, kv_head, first_row, rows, keys;  // keys: how many of the sequence's first keys the tile reads
+};
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
+// exp(x) for x <= 0 (scores minus their running max), exactly 0 below -87 (masked scores are -inf):
+// x = n ln2 + r, exp(r) by its degree-6 Taylor polynomial, 2^n put into the exponent bits.
+static inline __m512 exp512(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(bits));
+}
+
+// scores[j][0:48] = key j . the tile's (scaled) query rows, for NK keys from `first_key` (position
+// key_pos); a key past a row's position scores -inf for that row.
+template <int NK>
+static void score_tile(const float* qt, int64_t D, const float* const* key, int64_t key_pos, const int32_t* pos,
+                       int32_t min_pos, float* scores) {
+  __m512 acc[NK][3];
+  for (int j = 0; j < NK; ++j) acc[j][0] = acc[j][1] = acc[j][2] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 q0 = _mm512_load_ps(qt + d * ROWS), q1 = _mm512_load_ps(qt + d * ROWS + 16),
+                 q2 = _mm512_load_ps(qt + d * ROWS + 32);
+#pragma GCC unroll 8
+    for (int j = 0; j < NK; ++j) {
+      const __m512 k = _mm512_set1_ps(key[j][d]);
+      acc[j][0] = _mm512_fmadd_ps(k, q0, acc[j][0]);
+      acc[j][1] = _mm512_fmadd_ps(k, q1, acc[j][1]);
+      acc[j][2] = _mm512_fmadd_ps(k, q2, acc[j][2]);
+    }
+  }
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  const bool masked = key_pos + NK - 1 > min_pos;  // some key is past some row's position
+  for (int j = 0; j < NK; ++j)
+    for (int v = 0; v < 3; ++v) {
+      __m512 s = acc[j][v];
+      if (masked) {
+        const __m512i row_pos = _mm512_load_si512((const void*)(pos + 16 * v));
+        s = _mm512_mask_mov_ps(minus_inf, _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(key_pos + j)), row_pos), s);
+      }
+      _mm512_store_ps(scores + j * ROWS + 16 * v, s);
+    }
+}
+
+// out[d0:d0+8][0:48] = out * alpha + sum over the chunk's keys of value[j][d] * weights[j][0:48].
+static void value_tile(float* out, const __m512* alpha, const float* weights, const float* const* value, int64_t nk,
+                       int64_t d0) {
+  __m512 acc[DT][3];
+  for (int dd = 0; dd < DT; ++dd)
+    for (int v = 0; v < 3; ++v) acc[dd][v] = _mm512_mul_ps(_mm512_load_ps(out + dd * ROWS + 16 * v), alpha[v]);
+  for (int64_t j = 0; j < nk; ++j) {
+    const __m512 w0 = _mm512_load_ps(weights + j * ROWS), w1 = _mm512_load_ps(weights + j * ROWS + 16),
+                 w2 = _mm512_load_ps(weights + j * ROWS + 32);
+    const float* vj = value[j] + d0;
+#pragma GCC unroll 8
+    for (int dd = 0; dd < DT; ++dd) {
+      const __m512 x = _mm512_set1_ps(vj[dd]);
+      acc[dd][0] = _mm512_fmadd_ps(x, w0, acc[dd][0]);
+      acc[dd][1] = _mm512_fmadd_ps(x, w1, acc[dd][1]);
+      acc[dd][2] = _mm512_fmadd_ps(x, w2, acc[dd][2]);
+    }
+  }
+  for (int dd = 0; dd < DT; ++dd)
+    for (int v = 0; v < 3; ++v) _mm512_store_ps(out + dd * ROWS + 16 * v, acc[dd][v]);
+}
+
+static inline float widen(float x) { return x; }
+static inline float widen(uint16_t x) {
+  const uint32_t bits = (uint32_t)x << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct Scratch {  // one thread's buffers, 64-byte aligned
+  std::vector<float> storage;
+  float *qt, *out, *scores, *keys, *values;
+  Scratch(int64_t D) : storage(2 * D * ROWS + CHUNK * ROWS + 2 * CHUNK * D + 16) {
+    float* p = storage.data();
+    p += (16 - ((uintptr_t)p / 4) % 16) % 16;
+    qt = p;
+    out = qt + D * ROWS;
+    scores = out + D * ROWS;
+    keys = scores + CHUNK * ROWS;
+    values = keys + CHUNK * D;
+  }
+};
+
+// One tile, start to end. q rows [T, Hq, D] at stride q_ld; the pool [blocks, block_size, Hkv, D].
+template <typename T>
+static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld, const T* k_cache, const T* v_cache,
+                     const int32_t* cu, const int32_t* lens, const int32_t* tables, int64_t width, int64_t block_size,
+                     int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
+  const int64_t group = Hq / Hkv, b = tile.seq, h = tile.kv_head;
+  const int64_t q_len = cu[b + 1] - cu[b], first_query = lens[b] - q_len, stride = Hkv * D;
+  alignas(64) int32_t pos[ROWS];
+  for (int i = 0; i < ROWS; ++i) {  // rows past the tile's end repeat its last row's position, with q = 0
+    const int64_t row = tile.first_row + std::min<int64_t>(i, tile.rows - 1);
+    pos[i] = (int32_t)(first_query + row / group);
+  }
+  const int32_t min_pos = pos[0];
+  for (int64_t d = 0; d < D; ++d)
+    for (int i = 0; i < ROWS; ++i) {
+      const int64_t row = tile.first_row + i;
+      s.qt[d * ROWS + i] = i < tile.rows ? q[(cu[b] + row / group) * q_ld + (h * group + row % group) * D + d] * scale : 0.f;
+    }
+  std::fill(s.out, s.out + D * ROWS, 0.f);
+  __m512 m[3], l[3];
+  for (int v = 0; v < 3; ++v) m[v] = _mm512_set1_ps(-INFINITY), l[v] = _mm512_setzero_ps();
+  const int32_t* table = tables + b * width;
+  const float* key[CHUNK];
+  const float* value[CHUNK];
+  for (int64_t k0 = 0; k0 < tile.keys; k0 += CHUNK) {
+    const int64_t nk = std::min<int64_t>(CHUNK, tile.keys - k0);
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t p = k0 + j;
+      const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+      const T* kp = k_cache + slot * stride + h * D;
+      const T* vp = v_cache + slot * stride + h * D;
+      if constexpr (std::is_same<T, float>::value) {
+        key[j] = kp, value[j] = vp;
+      } else {
+        float* kw = s.keys + j * D;
+        float* vw = s.values + j * D;
+        for (int64_t d = 0; d < D; ++d) kw[d] = widen(kp[d]), vw[d] = widen(vp[d]);
+        key[j] = kw, value[j] = vw;
+      }
+    }
+    int64_t j0 = 0;
+    for (; j0 + KT <= nk; j0 += KT) score_tile<KT>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS);
+    switch (nk - j0) {
+      case 1: score_tile<1>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 2: score_tile<2>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 3: score_tile<3>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 4: score_tile<4>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 5: score_tile<5>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 6: score_tile<6>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 7: score_tile<7>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      default: break;
+    }
+    // Online softmax: the new running max, the old terms' factor, this chunk's weights and their sum.
+    __m512 alpha[3];
+    for (int v = 0; v < 3; ++v) {
+      __m512 top = m[v];
+      for (int64_t j = 0; j < nk; ++j) top = _mm512_max_ps(top, _mm512_load_ps(s.scores + j * ROWS + 16 * v));
+      alpha[v] = exp512(_mm512_sub_ps(m[v], top));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t j = 0; j < nk; ++j) {
+        const __m512 w = exp512(_mm512_sub_ps(_mm512_load_ps(s.scores + j * ROWS + 16 * v), top));
+        _mm512_store_ps(s.scores + j * ROWS + 16 * v, w);
+        sum = _mm512_add_ps(sum, w);
+      }
+      l[v] = _mm512_fmadd_ps(l[v], alpha[v], sum);
+      m[v] = top;
+    }
+    for (int64_t d0 = 0; d0 < D; d0 += DT) value_tile(s.out + d0 * ROWS, alpha, s.scores, value, nk, d0);
+  }
+  alignas(64) float inv[ROWS];
+  for (int v = 0; v < 3; ++v) _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.f), l[v]));
+  for (int64_t i = 0; i < tile.rows; ++i) {
+    const int64_t row = tile.first_row + i;
+    float* o = out + ((cu[b] + row / group) * Hq + h * group + row % group) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = s.out[d * ROWS + i] * inv[i];
+  }
+}
+
+template <typename T>
+static void run_tiles(const std::vector<std::vector<Tile>>& per_thread, const float* q, int64_t q_ld, const T* k_cache,
+                      const T* v_cache, const int32_t* cu, const int32_t* lens, const int32_t* tables, int64_t width,
+                      int64_t block_size, int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
+  at::parallel_for(0, (int64_t)per_thread.size(), 1, [&](int64_t begin, int64_t end) {
+    Scratch s(D);
+    for (int64_t t = begin; t < end; ++t)
+      for (const Tile& tile : per_thread[t])
+        run_tile(tile, s, q, q_ld, k_cache, v_cache, cu, lens, tables, width, block_size, Hq, Hkv, D, scale, out);
+  });
+}
+
+#pragma GCC pop_options
+
+bool prefill_supported(int64_t head_dim) {
+  return __builtin_cpu_supports("avx512f") && head_dim % DT == 0 && head_dim <= 512;
+}
+
+// The tiles of a step, dealt to the threads longest first, each to the least loaded (a tile's cost is the
+// keys it reads): causal tiles differ in cost, and equal shares keep both cores busy to the end.
+static std::vector<std::vector<Tile>> deal(const int32_t* cu, const int32_t* lens, int64_t B, int64_t Hkv,
+                                           int64_t group, int threads) {
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q_len = cu[b + 1] - cu[b], first_query = lens[b] - q_len, rows = q_len * group;
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t n = std::min<int64_t>(ROWS, rows - r0);
+        tiles.push_back({b, h, r0, n, first_query + (r0 + n - 1) / group + 1});
+      }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
+  std::vector<std::vector<Tile>> per_thread(std::max(1, std::min<int>(threads, (int)tiles.size())));
+  std::vector<int64_t> load(per_thread.size(), 0);
+  for (const Tile& tile : tiles) {
+    const size_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    per_thread[t].push_back(tile);
+    load[t] += tile.keys + 16;  // + the tile's fixed work (its queries in, its output out)
+  }
+  return per_thread;
+}
+
+torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                      torch::Tensor cu_seqlens_q, torch::Tensor seq_lens, torch::Tensor block_tables,
+                                      double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_prefill_attention: shapes");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (k_cache.scalar_type() == at::kFloat || bf16) &&
+              v_cache.scalar_type() == k_cache.scalar_type(),
+              "paged_prefill_attention: fp32 queries, an fp32 or bf16 cache");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_prefill_attention: contiguous cache");
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), block_size = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && Hq % Hkv == 0 && prefill_supported(D), "paged_prefill_attention: head layout");
+  const int64_t B = seq_lens.numel();
+  TORCH_CHECK(cu_seqlens_q.numel() == B + 1 && block_tables.dim() == 2 && block_tables.size(0) == B,
+              "paged_prefill_attention: metadata");
+  if (q.stride(2) != 1 || q.stride(1) != D) q = q.contiguous();  // rows may be strided (views of the QKV output)
+  auto cu = cu_seqlens_q.to(at::kInt).contiguous();
+  auto lens = seq_lens.to(at::kInt).contiguous();
+  auto tables = block_tables.to(at::kInt).contiguous();
+  const int32_t *cp = cu.data_ptr<int32_t>(), *lp = lens.data_ptr<int32_t>(), *tp = tables.data_ptr<int32_t>();
+  const int64_t width = tables.size(1);
+  TORCH_CHECK(cp[0] == 0 && cp[B] == T, "paged_prefill_attention: cu_seqlens_q must run from 0 to the query count");
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q_len = cp[b + 1] - cp[b];
+    TORCH_CHECK(q_len >= 0 && lp[b] >= q_len && lp[b] <= width * block_size,
+                "paged_prefill_attention: sequence ", b, " has ", q_len, " new tokens and length ", lp[b]);
+    for (int64_t i = 0; i < (lp[b] + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(tp[b * width + i] >= 0 && tp[b * width + i] < k_cache.size(0), "paged_prefill_attention: block out of range");
+  }
+  auto out = torch::empty({T, Hq, D}, q.options());
+  const auto per_thread = deal(cp, lp, B, Hkv, Hq / Hkv, at::get_num_threads());
+  if (bf16)
+    run_tiles(per_thread, q.data_ptr<float>(), q.stride(0), (const uint16_t*)k_cache.data_ptr(),
+              (const uint16_t*)v_cache.data_ptr(), cp, lp, tp, width, block_size, Hq, Hkv, D, (float)scale,
+              out.data_ptr<float>());
+  else
+    run_tiles(per_thread, q.data_ptr<float>(), q.stride(0), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), cp, lp,
+              tp, width, block_size, Hq, Hkv, D, (float)scale, out.data_ptr<float>());
+  return out;
+}
