@@ -63,6 +63,7 @@ template <int NK>
 static void score_tile(const float* qt, int64_t D, const float* const* key, int64_t key_pos, const int32_t* pos,
                        int32_t min_pos, float* scores) {
   __m512 acc[NK][3];
+#pragma GCC unroll 8
   for (int j = 0; j < NK; ++j) acc[j][0] = acc[j][1] = acc[j][2] = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; ++d) {
     const __m512 q0 = _mm512_load_ps(qt + d * ROWS), q1 = _mm512_load_ps(qt + d * ROWS + 16),
@@ -77,7 +78,9 @@ static void score_tile(const float* qt, int64_t D, const float* const* key, int6
   }
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   const bool masked = key_pos + NK - 1 > min_pos;  // some key is past some row's position
+#pragma GCC unroll 8
   for (int j = 0; j < NK; ++j)
+#pragma GCC unroll 3
     for (int v = 0; v < 3; ++v) {
       __m512 s = acc[j][v];
       if (masked) {
@@ -92,7 +95,9 @@ static void score_tile(const float* qt, int64_t D, const float* const* key, int6
 static void value_tile(float* out, const __m512* alpha, const float* weights, const float* const* value, int64_t nk,
                        int64_t d0) {
   __m512 acc[DT][3];
+#pragma GCC unroll 8
   for (int dd = 0; dd < DT; ++dd)
+#pragma GCC unroll 3
     for (int v = 0; v < 3; ++v) acc[dd][v] = _mm512_mul_ps(_mm512_load_ps(out + dd * ROWS + 16 * v), alpha[v]);
   for (int64_t j = 0; j < nk; ++j) {
     const __m512 w0 = _mm512_load_ps(weights + j * ROWS), w1 = _mm512_load_ps(weights + j * ROWS + 16),
@@ -106,7 +111,9 @@ static void value_tile(float* out, const __m512* alpha, const float* weights, co
       acc[dd][2] = _mm512_fmadd_ps(x, w2, acc[dd][2]);
     }
   }
+#pragma GCC unroll 8
   for (int dd = 0; dd < DT; ++dd)
+#pragma GCC unroll 3
     for (int v = 0; v < 3; ++v) _mm512_store_ps(out + dd * ROWS + 16 * v, acc[dd][v]);
 }
 
@@ -140,16 +147,17 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
   const int64_t group = Hq / Hkv, b = tile.seq, h = tile.kv_head;
   const int64_t q_len = cu[b + 1] - cu[b], first_query = lens[b] - q_len, stride = Hkv * D;
   alignas(64) int32_t pos[ROWS];
+  int64_t token[ROWS], head[ROWS];  // each row's query token and head
   for (int i = 0; i < ROWS; ++i) {  // rows past the tile's end repeat its last row's position, with q = 0
     const int64_t row = tile.first_row + std::min<int64_t>(i, tile.rows - 1);
+    token[i] = cu[b] + row / group, head[i] = h * group + row % group;
     pos[i] = (int32_t)(first_query + row / group);
   }
   const int32_t min_pos = pos[0];
-  for (int64_t d = 0; d < D; ++d)
-    for (int i = 0; i < ROWS; ++i) {
-      const int64_t row = tile.first_row + i;
-      s.qt[d * ROWS + i] = i < tile.rows ? q[(cu[b] + row / group) * q_ld + (h * group + row % group) * D + d] * scale : 0.f;
-    }
+  for (int i = 0; i < ROWS; ++i) {
+    const float* qi = q + token[i] * q_ld + head[i] * D;
+    for (int64_t d = 0; d < D; ++d) s.qt[d * ROWS + i] = i < tile.rows ? qi[d] * scale : 0.f;
+  }
   std::fill(s.out, s.out + D * ROWS, 0.f);
   __m512 m[3], l[3];
   for (int v = 0; v < 3; ++v) m[v] = _mm512_set1_ps(-INFINITY), l[v] = _mm512_setzero_ps();
@@ -158,9 +166,9 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
   const float* value[CHUNK];
   for (int64_t k0 = 0; k0 < tile.keys; k0 += CHUNK) {
     const int64_t nk = std::min<int64_t>(CHUNK, tile.keys - k0);
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t p = k0 + j;
-      const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+    for (int64_t j = 0, blk = k0 / block_size, offset = k0 % block_size; j < nk; ++j) {
+      const int64_t slot = (int64_t)table[blk] * block_size + offset;
+      if (++offset == block_size) offset = 0, ++blk;
       const T* kp = k_cache + slot * stride + h * D;
       const T* vp = v_cache + slot * stride + h * D;
       if constexpr (std::is_same<T, float>::value) {
@@ -204,8 +212,7 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
   alignas(64) float inv[ROWS];
   for (int v = 0; v < 3; ++v) _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.f), l[v]));
   for (int64_t i = 0; i < tile.rows; ++i) {
-    const int64_t row = tile.first_row + i;
-    float* o = out + ((cu[b] + row / group) * Hq + h * group + row % group) * D;
+    float* o = out + (token[i] * Hq + head[i]) * D;
     for (int64_t d = 0; d < D; ++d) o[d] = s.out[d * ROWS + i] * inv[i];
   }
 }
