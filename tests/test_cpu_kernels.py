@@ -116,32 +116,35 @@ def paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, se
     (3, 12, 4, 80, 8, 40),
     (2, 2, 2, 256, 16, 33),
     (2, 2, 1, 64, 16, 1100),   # long context
+    (5, 20, 2, 32, 16, 90),    # a group of 10: the AVX-512 kernel takes it in two rounds
 ])
-def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head_dim, block_size, max_len):
+@pytest.mark.parametrize("avx512", [True, False])  # cpu_decode512.cpp where the CPU has it; cpu_attention.cpp
+def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, avx512):
     from byzantium.kernels import reference
     q, k_cache, v_cache, lengths, tables = paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len,
                                                       seed=batch * 100 + head_dim + max_len)
     scale = head_dim ** -0.5
     want = reference.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale)
-    got = ext.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale)
+    got = ext.paged_decode_attention(q, k_cache, v_cache, lengths, tables, scale, avx512=avx512)
     assert torch.isfinite(got).all()  # the NaN outside the sequences' slots never leaks
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # Query rows with a stride (q heads sliced out of the QKV projection, as the models pass them): read in place.
     wide = torch.cat([q, torch.randn(batch, 2, head_dim)], dim=1)[:, :num_heads]
     assert wide.stride(0) == (num_heads + 2) * head_dim
-    assert torch.equal(ext.paged_decode_attention(wide, k_cache, v_cache, lengths, tables, scale), got)
+    assert torch.equal(ext.paged_decode_attention(wide, k_cache, v_cache, lengths, tables, scale, avx512=avx512), got)
 
 
 
 @pytest.mark.parametrize("head_dim, max_len", [(64, 75), (16, 50), (128, 300)])
-def test_decode_attention_reads_a_bf16_cache(head_dim, max_len):
+@pytest.mark.parametrize("avx512", [True, False])
+def test_decode_attention_reads_a_bf16_cache(head_dim, max_len, avx512):
     from byzantium.kernels import cpu, reference
     q, k_cache, v_cache, lengths, tables = paged_case(5, 8, 2, head_dim, 16, max_len, seed=head_dim + max_len)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
     scale = head_dim ** -0.5
     # Widening bf16 is exact: the kernel on the bf16 pool equals fp32 attention over the same values.
     want = reference.paged_decode_attention(q, k16.float(), v16.float(), lengths, tables, scale)
-    got = ext.paged_decode_attention(q, k16, v16, lengths, tables, scale)
+    got = ext.paged_decode_attention(q, k16, v16, lengths, tables, scale, avx512=avx512)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # Through the backend, bf16 queries in and out (as a bf16 engine calls it).
@@ -263,7 +266,7 @@ def test_row_limit_is_measured_once_per_machine_and_head_shape(tmp_path, monkeyp
     limit = cpu.row_limit(4, 2, 64, 16)
     assert limit in cpu.ROW_LIMIT_CANDIDATES
     entry = json.loads((tmp_path / "linear_choice.json").read_text())[linear_choice.machine_key()]
-    (measured,) = [v for k, v in entry.items() if k.startswith("attention rows 4x2x64")]
+    (measured,) = [v for k, v in entry.items() if k.startswith("attention ") and " 4x2x64 " in k]
     assert measured["limit"] == limit and measured["seconds"]
     for new, times in measured["seconds"].items():  # rows won (or tied) at every size up to the limit
         assert int(new) > limit or times["rows"] <= times["tiles"]

@@ -138,8 +138,10 @@ def row_limit(num_heads, num_kv_heads, head_dim, block_size):
     """The most new tokens of a sequence for which row-by-row decode queries beat the prefill path (the
     tiled kernel, or gather + SDPA without AVX-512) on this machine (timed once per head shape, then read from the per-machine cache)."""
     from .linear_choice import locked_cache, machine_key
-    other = "tiles" if cpu_ext.load().prefill_supported(head_dim) else "sdpa"
-    key = f"attention rows {num_heads}x{num_kv_heads}x{head_dim} block {block_size} vs {other}"
+    ext = cpu_ext.load()
+    rows = "rows512" if ext.avx512_supported() and head_dim % 16 == 0 else "rows"  # which decode kernel
+    other = "tiles" if ext.prefill_supported(head_dim) else "sdpa"
+    key = f"attention {rows} {num_heads}x{num_kv_heads}x{head_dim} block {block_size} vs {other}"
     with locked_cache() as cache:
         machine = cache.setdefault(machine_key(), {})
         if key in machine:

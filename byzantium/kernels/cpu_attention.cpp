@@ -35,7 +35,23 @@ struct Walk {
   const T* v;
   const int32_t* table;  // the sequence's block table
   int64_t length, block_size, stride, group;
+  int64_t width;         // elements of a slot the item reads: its KV heads x head_dim
 };
+
+// Asks for the item's rows of the next block while this one is computed: blocks lie wherever the block
+// table says, so the hardware prefetcher, which follows addresses, stalls at every block boundary (the
+// kernel streamed K/V at ~15 GB/s without this).
+constexpr int64_t PREFETCH_BLOCKS = 4;  // how far ahead: a block's compute is shorter than the memory's latency
+
+template <typename T>
+static inline void prefetch_block(const Walk<T>& w, const T* pool, int64_t blk, int64_t pos) {
+  if (pos >= w.length) return;
+  const int64_t n = std::min(w.block_size, w.length - pos);
+  const char* block = (const char*)(pool + (int64_t)w.table[blk] * w.block_size * w.stride);
+  const int64_t stride_bytes = w.stride * sizeof(T), item_bytes = w.width * sizeof(T);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b = 0; b < item_bytes; b += 64) _mm_prefetch(block + t * stride_bytes + b, _MM_HINT_T1);
+}
 
 // scores[j][t] = q[j] . k_t for the item's query heads (q already scaled), t < length. Block by block,
 // every head in turn, so each block is read from memory once and in order. DV = head_dim / 8.
@@ -44,6 +60,7 @@ static void score_pass(const float* q, int64_t heads, const Walk<T>& w, float* s
   for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
     const int64_t n = std::min(w.block_size, w.length - pos);
     const T* block = w.k + (int64_t)w.table[blk] * w.block_size * w.stride;
+    prefetch_block(w, w.k, blk + PREFETCH_BLOCKS, pos + n + (PREFETCH_BLOCKS - 1) * w.block_size);
     for (int64_t j = 0; j < heads; ++j) {
       const T* base = block + (j / w.group) * 8 * DV;
       __m256 qv[DV];
@@ -101,6 +118,7 @@ static void value_pass(const float* p, const float* sums, int64_t heads, const W
   for (int64_t pos = 0, blk = 0; pos < w.length; ++blk) {
     const int64_t n = std::min(w.block_size, w.length - pos);
     const T* block = w.v + (int64_t)w.table[blk] * w.block_size * w.stride;
+    prefetch_block(w, w.v, blk + PREFETCH_BLOCKS, pos + n + (PREFETCH_BLOCKS - 1) * w.block_size);
     for (int64_t j = 0; j < heads; ++j) {
       const T* base = block + (j / w.group) * 8 * DV;
       __m256 a[DV];
@@ -136,7 +154,8 @@ static void decode(const float* q, int64_t q_ld, const T* kc, const T* vc, const
     std::vector<float> scores, scaled_q(heads * D), acc(heads * D), sums(heads);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / items_per_seq, first_kv = (item % items_per_seq) * kv_per_item;
-      const Walk<T> w{kc + first_kv * D, vc + first_kv * D, tables + b * table_width, lens[b], block_size, Hkv * D, group};
+      const Walk<T> w{kc + first_kv * D, vc + first_kv * D, tables + b * table_width, lens[b], block_size, Hkv * D, group,
+                        kv_per_item * D};
       // The item's query heads are consecutive: first_kv * group .. + heads - 1.
       const int64_t first_head = b * Hq + first_kv * group;
       const float* q_heads = q + b * q_ld + first_kv * group * D;  // a query row's heads are contiguous
@@ -169,8 +188,15 @@ static void dispatch(int64_t D, const float* qp, int64_t q_ld, const T* kp, cons
   }
 }
 
+torch::Tensor paged_decode_attention512(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                        torch::Tensor seq_lens, torch::Tensor block_tables, double scale);
+
+// avx512: take cpu_decode512.cpp's kernel where the CPU and the head size allow (false: this file's, at AVX2
+// width, as on CPUs without AVX-512).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale) {
+                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale, bool avx512) {
+  if (avx512 && __builtin_cpu_supports("avx512f") && q.dim() == 3 && q.size(2) % 16 == 0)
+    return paged_decode_attention512(q, k_cache, v_cache, seq_lens, block_tables, scale);
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_decode_attention: shapes");
   const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
   TORCH_CHECK(q.scalar_type() == at::kFloat && (k_cache.scalar_type() == at::kFloat || bf16) &&

@@ -2,7 +2,7 @@
 #include <torch/extension.h>
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale);
+                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale, bool avx512);
 bool decode_supported(int64_t head_dim);
 torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                       torch::Tensor cu_seqlens_q, torch::Tensor seq_lens, torch::Tensor block_tables,
@@ -41,7 +41,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("race_sample", &race_sample, "argmax of fp32 logits [V] + Gumbel noise of the stream (cpu_sampling.cpp)",
         release());
   m.def("paged_decode_attention", &paged_decode_attention,
-        "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py)", release());
+        "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py); avx512=False: "
+        "the AVX2 kernel even where cpu_decode512.cpp's could run", pybind11::arg("q"), pybind11::arg("k_cache"),
+        pybind11::arg("v_cache"), pybind11::arg("seq_lens"), pybind11::arg("block_tables"), pybind11::arg("scale"),
+        pybind11::arg("avx512") = true, release());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "fp32 causal prefill attention over the paged KV cache, AVX-512 (cpu_prefill_attention.cpp)", release());
   m.def("prefill_supported", &prefill_supported, "whether paged_prefill_attention runs here for this head_dim");

@@ -5,7 +5,8 @@
     y = ext.panel_linear(x, panels, bias, weight.shape[0])
     if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
         y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
-    out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp
+    out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp,
+                                                      # cpu_decode512.cpp where the CPU has AVX-512
     if ext.prefill_supported(head_dim):               # cpu_prefill_attention.cpp (AVX-512)
         out = ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.cpp
@@ -28,7 +29,7 @@ from ..paths import cache_root
 from . import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in
-           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp", "cpu_prefill_attention.cpp",
+           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp", "cpu_decode512.cpp", "cpu_prefill_attention.cpp",
              "cpu_layer_ops.cpp",
              "cpu_sampling.cpp")]
 HEADERS = [Path(__file__).with_name("cpu_simd.h")]

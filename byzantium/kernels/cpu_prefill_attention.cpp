@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include "cpu_simd.h"
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,26 +37,6 @@ struct Tile {  // query rows first_row .. first_row + rows - 1 of one sequence a
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
-
-// exp(x) for x <= 0 (scores minus their running max), exactly 0 below -87 (masked scores are -inf):
-// x = n ln2 + r, exp(r) by its degree-6 Taylor polynomial, 2^n put into the exponent bits.
-static inline __m512 exp512(__m512 x) {
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(bits));
-}
 
 // scores[j][0:48] = key j . the tile's (scaled) query rows, for NK keys from `first_key` (position
 // key_pos); a key past a row's position scores -inf for that row.

@@ -1,4 +1,5 @@
-// AVX2 helpers shared by the CPU kernels (cpu_attention.cpp, cpu_layer_ops.cpp).
+// SIMD helpers shared by the CPU kernels: AVX2 (cpu_attention.cpp, cpu_layer_ops.cpp) and, for the
+// AVX-512 kernels (cpu_prefill_attention.cpp, cpu_decode512.cpp), exp512 under its own target.
 #pragma once
 #include <immintrin.h>
 
@@ -28,3 +29,27 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
+// exp_nonpositive at AVX-512 width, and exactly 0 below -87 (masked scores are -inf there).
+static inline __m512 exp512(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(bits));
+}
+
+#pragma GCC pop_options
