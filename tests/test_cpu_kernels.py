@@ -167,7 +167,7 @@ def test_append_prefill_goes_row_by_row_per_sequence_and_matches_reference(new_t
     calls = []
     real = ext.paged_decode_attention
     spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
-                           "prefill_supported": staticmethod(ext.prefill_supported),
+                           "prefill_supported": staticmethod(ext.prefill_supported), "avx512_supported": staticmethod(ext.avx512_supported),
                            "paged_prefill_attention": staticmethod(ext.paged_prefill_attention),
                            "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))})
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
@@ -247,6 +247,7 @@ def test_prefill_without_the_kernel_goes_to_the_reference(monkeypatch):
     q, k_cache, v_cache, cu, lengths, tables = prefill_case([40, 2], [0, 7], 9, 3, 64, 16, seed=5)
     spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
                            "prefill_supported": staticmethod(lambda head_dim: False),  # an AVX2-only CPU
+                           "avx512_supported": staticmethod(lambda: False),
                            "paged_prefill_attention": staticmethod(lambda *a: pytest.fail("no kernel here")),
                            "paged_decode_attention": staticmethod(ext.paged_decode_attention)})
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
@@ -311,7 +312,7 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
     real = ext.paged_decode_attention
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: type("Spy", (), {
         "decode_supported": staticmethod(ext.decode_supported), "store_kv": staticmethod(ext.store_kv),
-        "argmax_rows": staticmethod(ext.argmax_rows), "prefill_supported": staticmethod(ext.prefill_supported),
+        "argmax_rows": staticmethod(ext.argmax_rows), "prefill_supported": staticmethod(ext.prefill_supported), "avx512_supported": staticmethod(ext.avx512_supported),
         "paged_prefill_attention": staticmethod(ext.paged_prefill_attention),
         "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))}))
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
