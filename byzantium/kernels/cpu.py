@@ -3,7 +3,9 @@ elsewhere.
 
 Decode at batch 32 spent most of its attention time gathering each sequence's K/V out of the block pool;
 the kernel reads them in place (0.37 vs 8.3 ms a layer at batch 32, 176 tokens, SmolLM2's shapes:
-`python bench/kernel_bench.py --cpu`). An append prefill of a few tokens (a round-robin turn: the other
+`python bench/kernel_bench.py --cpu`); on CPUs with AVX-512 the decode kernel is cpu_decode512.cpp (a key
+row loaded once for every query head that shares it; 0.87 vs 1.05 ms a layer at batch 64 x 200 tokens,
+the pool too large for the caches, on an AMD EPYC Zen 5). An append prefill of a few tokens (a round-robin turn: the other
 agents' tokens added to a session) is the same computation row by row, new token j of a sequence being a
 query over the first `seq_lens[b] - q_len + j + 1` positions, so it goes to the kernel too. Measured per
 layer, 5 sequences with 1024 cached tokens, against the gather + SDPA path: 9.3x at 1 new token, 4.1x at
@@ -11,7 +13,7 @@ layer, 5 sequences with 1024 cached tokens, against the gather + SDPA path: 9.3x
 CPUs, so the limit is measured on the machine at hand (`row_limit`, once per head shape, cached with the
 linear choices) and applied per sequence: a sequence's path depends on its own new tokens, not on what
 else is in the step. Longer appends and whole prompts go, on CPUs with AVX-512, to the tiled prefill
-kernel (cpu_prefill_attention.cpp: 48 query rows a tile, K/V read in place; 4.4 vs 11.9 ms a layer for a
+kernel (cpu_prefill_attention.cpp: 48 query rows a tile, K/V read in place; 3.7 vs 11.9 ms a layer for a
 1024-token prompt against gather + SDPA on an AMD EPYC Zen 5), which then is what the row limit is
 measured against. What the kernels do not cover (another dtype or head size, a device other than the
 CPU, no AVX-512 for prefills) goes to the reference, whose contract they share.
