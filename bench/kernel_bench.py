@@ -26,7 +26,8 @@ RESULTS = Path(__file__).parent / "results"
 DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 8192), (64, 2048), (256, 1024), (256, 4096)]
 PREFILL_SHAPES = [(1, 0, 4096), (8, 0, 1024), (4, 2048, 1024), (32, 1024, 128), (64, 1536, 64)]
 SMOKE_DECODE = [(1, 100), (3, 40)]
-CPU_DECODE = [(1, 176), (8, 176), (32, 176), (32, 1024), (4, 8192)]
+CPU_DECODE = [(1, 176), (8, 176), (32, 176), (64, 200), (32, 1024), (4, 8192)]
+CPU_PREFILL = [(1, 0, 128), (8, 0, 128), (1, 0, 1024), (4, 0, 512), (4, 512, 64), (8, 1024, 16)]
 SMOKE_PREFILL = [(1, 0, 33), (2, 20, 7)]
 
 
@@ -210,18 +211,45 @@ def linear_rows(row_counts=(1, 4, 8, 16, 32, 64, 256), layers=30):
     return rows
 
 
+class Avx2Decode:
+    """The cpu backend with its decode kernel held to cpu_attention.cpp (AVX2), as on CPUs without AVX-512."""
+
+    @staticmethod
+    def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale):
+        from byzantium.kernels import cpu_ext
+        return cpu_ext.load().paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, avx512=False)
+
+
 def run_cpu(backends=("torch", "cpu")):
-    """Decode attention with SmolLM2-135M's heads (9 query, 3 KV, head_dim 64) and its linears, fp32."""
+    """Decode and prefill attention with SmolLM2-135M's heads (9 query, 3 KV, head_dim 64) and its
+    linears, fp32."""
     device = torch.device("cpu")
     ops = {name: attention_ops(name, device) for name in backends}
-    rows = decode_rows(ops, CPU_DECODE, torch.float32, device, num_heads=9, num_kv_heads=3, head_dim=64)
+    decode_ops = dict(ops, **({"cpu avx2": Avx2Decode} if "cpu" in ops else {}))
+    rows = decode_rows(decode_ops, CPU_DECODE, torch.float32, device, num_heads=9, num_kv_heads=3, head_dim=64)
     for row in rows:
         if "torch us" in row and "cpu us" in row:
             row["cpu speed-up"] = row["torch us"] / row["cpu us"]
+    prefill = prefill_rows(ops, CPU_PREFILL, torch.float32, device, num_heads=9, num_kv_heads=3, head_dim=64)
+    for row in prefill:
+        for key in [k for k in row if k.endswith("TFLOP/s")]:
+            row[key.replace("TFLOP/s", "GFLOP/s")] = row.pop(key) * 1e3
     threads = torch.get_num_threads()
     return [markdown(rows, f"Paged decode attention on CPU (float32, Hq 9, Hkv 3, D 64, block 16, {threads} threads)"),
+            markdown(prefill, f"Prefill attention on CPU: prompts and appends to a cached prefix (float32, Hq 9, "
+                              f"Hkv 3, D 64, block 16, {threads} threads; sdpa: dense, unpaged, not what the torch "
+                              f"backend runs)"),
             markdown(linear_rows(), f"SmolLM2-135M's 120 decoder-layer linears, weights streamed from memory "
                                     f"(float32, {threads} threads)")]
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+        return platform.processor() or platform.machine()
 
 
 def dtype_name(dtype):
@@ -237,8 +265,12 @@ def main():
     if args.cpu:
         sections = run_cpu(tuple((args.backends or "torch,cpu").split(",")))
         Path(RESULTS).mkdir(exist_ok=True)
-        (Path(RESULTS) / "cpu_kernels.md").write_text(
-            "# CPU kernels (`python bench/kernel_bench.py --cpu`)\n\n" + "\n".join(sections))
+        path = Path(RESULTS) / "cpu_kernels.md"
+        if not path.exists():
+            path.write_text("# CPU kernels (`python bench/kernel_bench.py --cpu`)\n")
+        with path.open("a") as f:  # a dated entry per run: the history stays
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {cpu_model()}, torch {torch.__version__}\n\n"
+                    + "\n".join(sections))
     elif args.smoke:
         sections, _ = run("cpu", torch.float32, smoke=True, backends=(args.backends or "torch").split(","))
     else:

@@ -46,6 +46,57 @@ def test_avx512_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k
         ext.panel_linear512(x, panels, None, panels.shape[0] * 32 + 1)
 
 
+@pytest.mark.skipif(ext is None or not ext.avx512_supported(), reason="no AVX-512 on this CPU")
+@pytest.mark.parametrize("rows", [1, 14, 31])
+@pytest.mark.parametrize("k, inner", [(576, 1536), (40, 24), (16, 5)])  # I a multiple of 16, and not
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_glu_matches_the_linear_then_silu_mul(rows, k, inner, bias):
+    from byzantium.engine.models.packed import PackedLinear
+    from byzantium.kernels.linear_choice import Panels512
+    g = torch.Generator().manual_seed(rows + k + inner)
+    linear = torch.nn.Linear(k, 2 * inner, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(2 * inner, k, generator=g) / k ** 0.5)
+        if bias:
+            linear.bias.copy_(torch.randn(2 * inner, generator=g))
+    x = torch.randn(rows, k, generator=g) * 2
+    packed = PackedLinear(linear, {"decode": Panels512(ext), "prefill": Panels512(ext)})
+    gate_up = packed(x)
+    panels, glu_bias, half = packed.repack_glu(ext)
+    assert half == inner and packed.glu
+    # The GEMM of each column is the same chain of FMAs in either packing: the repacked linear gives the
+    # same gate_up, and the fused pass silu(gate) * up of it.
+    assert torch.equal(packed(x), gate_up)
+    fused = ext.panel_glu512(x, panels, glu_bias, inner)
+    torch.testing.assert_close(fused, ext.silu_mul(gate_up), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fused, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], rtol=1e-5, atol=1e-5)
+    assert packed.repack_glu(ext)[0] is panels  # once
+    with pytest.raises(RuntimeError, match="I does not match"):
+        ext.panel_glu512(x, panels, None, panels.shape[0] * 16 + 1)
+
+
+def test_engine_fuses_gate_up_with_silu_on_avx512_panels(tiny_llama, monkeypatch):
+    from byzantium import Engine, SamplingParams
+    from byzantium.engine.models.llama import MLP
+    if not ext.avx512_supported():
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "panels512")
+    fused = Engine(tiny_llama[1], num_blocks=64)
+    mlps = [m for m in fused.model.modules() if isinstance(m, MLP)]
+    assert mlps and all(m.glu is not None for m in mlps)
+    assert fused.describe()["fused_gate_up_silu"] == len(mlps)
+    plain = Engine(tiny_llama[1], num_blocks=64, attention_backend="torch")
+    plain.model.use_cpu_ops(None)  # torch layer ops; its gate_up stays in the fused layout, put back in order
+    assert all(m.glu is None and m.gate_up_proj.glu for m in plain.model.modules() if isinstance(m, MLP))
+    prompts = [list(range(3, 3 + n)) for n in (4, 17, 40)]
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=1)
+    got, want = fused.generate(prompts, params), plain.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for a, b in zip(got, want):
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-4 for t in x)
+
+
 def test_panel_linear_non_contiguous_input_and_bad_calls():
     x = torch.randn(8, 64)[::2]  # rows 0, 2, 4, 6: a strided view
     w = torch.randn(32, 64)

@@ -229,6 +229,7 @@ class Engine:
                 "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
                 "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,
                 "cpu_layer_ops": self.cpu_layer_ops,
+                "fused_gate_up_silu": sum(isinstance(getattr(m, "glu", None), tuple) for m in self.model.modules()),
                 "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
                 "kv_cache": {"num_blocks": self.num_blocks, "block_size": self.block_size,
                              "bytes": self.kv_cache.numel() * self.kv_cache.element_size()},

@@ -21,6 +21,8 @@ torch::Tensor pack_panels512(torch::Tensor w);
 int64_t race_sample(torch::Tensor x, int64_t stream_lo, int64_t stream_hi);
 torch::Tensor argmax_rows(torch::Tensor x);
 torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
+torch::Tensor pack_glu512(torch::Tensor w);
+torch::Tensor panel_glu512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t I);
 
 // The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
 // AsyncEngine's event loop) are not held up during a step.
@@ -33,6 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_panels512", &pack_panels512, "w[N, K] -> panels [N/32, K, 32] for panel_linear512", release());
   m.def("panel_linear512", &panel_linear512, "AVX-512 fp32 x[M, K] @ w.T + b with w packed by pack_panels512",
         release());
+  m.def("pack_glu512", &pack_glu512, "gate_up w[2I, K] -> panels [I/16, K, 32] (16 gate, 16 up) for panel_glu512",
+        release());
+  m.def("panel_glu512", &panel_glu512, "AVX-512 silu(x @ gate.T) * (x @ up.T) [M, I] from pack_glu512 panels", release());
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm of rows [T, H] (cpu_layer_ops.cpp)", release());
   m.def("add_rms_norm", &add_rms_norm, "fp32 (RMSNorm(x + residual), x + residual) of rows [T, H]", release());
   m.def("silu_mul", &silu_mul, "fp32 silu(gate) * up of rows [T, 2I] -> [T, I]", release());

@@ -5,6 +5,7 @@
     y = ext.panel_linear(x, panels, bias, weight.shape[0])
     if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
         y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
+        a = ext.panel_glu512(x, ext.pack_glu512(gate_up_weight), None, I)  # silu(gate) * up, fused
     out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp,
                                                       # cpu_decode512.cpp where the CPU has AVX-512
     if ext.prefill_supported(head_dim):               # cpu_prefill_attention.cpp (AVX-512)

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include "cpu_simd.h"
 
 constexpr int64_t NR512 = 32;  // output columns per panel
 constexpr int MR512 = 14;      // rows of x per block
@@ -18,9 +19,20 @@ constexpr int MR512 = 14;      // rows of x per block
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 
+// silu(g) * u, as cpu_layer_ops.cpp's silu8 computes it: sigmoid from e = exp(-|g|).
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 e = exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g),
+                                                              _mm512_set1_epi32((int)0x80000000))));
+  const __m512 denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
+  const __m512 numerator = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ),
+                                                _mm512_set1_ps(1.0f), e);
+  return _mm512_mul_ps(_mm512_mul_ps(g, _mm512_div_ps(numerator, denominator)), u);
+}
+
 // y[0:R, 0:32] of one panel = x[0:R, :] . panel (+ bias); `mask` selects the valid columns of the last,
-// zero-padded panel. `next`: the panel to prefetch meanwhile, or null.
-template <int R>
+// zero-padded panel. `next`: the panel to prefetch meanwhile, or null. GLU: the panel's low 16 columns
+// are gate rows and its high 16 the matching up rows (pack_glu512), and y[0:R, 0:16] = silu(gate) * up.
+template <int R, bool GLU = false>
 static void block512(const float* x, int64_t K, const float* panel, const float* next, const float* bias, float* y,
                      int64_t ldy, __mmask16 mask_lo, __mmask16 mask_hi) {
   __m512 a0 = _mm512_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0, b4 = a0,
@@ -43,16 +55,22 @@ static void block512(const float* x, int64_t K, const float* panel, const float*
   }
   const __m512 bias_lo = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   const __m512 bias_hi = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-#define STORE(i)                                                                                  \
-  if constexpr (R > i) {                                                                          \
-    _mm512_mask_storeu_ps(y + i * ldy, mask_lo, bias ? _mm512_add_ps(a##i, bias_lo) : a##i);      \
-    _mm512_mask_storeu_ps(y + i * ldy + 16, mask_hi, bias ? _mm512_add_ps(b##i, bias_hi) : b##i); \
+#define STORE(i)                                                                                    \
+  if constexpr (R > i) {                                                                            \
+    const __m512 lo = bias ? _mm512_add_ps(a##i, bias_lo) : a##i, hi = bias ? _mm512_add_ps(b##i, bias_hi) : b##i; \
+    if constexpr (GLU) {                                                                            \
+      _mm512_mask_storeu_ps(y + i * ldy, mask_lo, silu_mul16(lo, hi));                              \
+    } else {                                                                                        \
+      _mm512_mask_storeu_ps(y + i * ldy, mask_lo, lo);                                              \
+      _mm512_mask_storeu_ps(y + i * ldy + 16, mask_hi, hi);                                         \
+    }                                                                                               \
   }
   STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7) STORE(8) STORE(9) STORE(10) STORE(11) STORE(12) STORE(13)
 #undef STORE
 }
 
 // All M rows against one panel, fourteen at a time; the first block prefetches the next panel.
+template <bool GLU = false>
 static void panel_rows512(const float* x, int64_t M, int64_t K, const float* panel, const float* next,
                           const float* bias, float* y, int64_t N, int64_t cols) {
   const __mmask16 lo = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
@@ -61,20 +79,20 @@ static void panel_rows512(const float* x, int64_t M, int64_t K, const float* pan
     const float* xm = x + m * K;
     float* ym = y + m * N;
     switch (std::min<int64_t>(MR512, M - m)) {
-      case 1: block512<1>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 2: block512<2>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 3: block512<3>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 4: block512<4>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 5: block512<5>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 6: block512<6>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 7: block512<7>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 8: block512<8>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 9: block512<9>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 10: block512<10>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 11: block512<11>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 12: block512<12>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      case 13: block512<13>(xm, K, panel, next, bias, ym, N, lo, hi); break;
-      default: block512<14>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 1: block512<1, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 2: block512<2, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 3: block512<3, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 4: block512<4, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 5: block512<5, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 6: block512<6, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 7: block512<7, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 8: block512<8, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 9: block512<9, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 10: block512<10, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 11: block512<11, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 12: block512<12, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      case 13: block512<13, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
+      default: block512<14, GLU>(xm, K, panel, next, bias, ym, N, lo, hi); break;
     }
   }
 }
@@ -114,6 +132,46 @@ torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::option
     for (int64_t p = p0; p < p1; ++p)
       panel_rows512(xp, M, K, pp + p * K * NR512, p + 1 < p1 ? pp + (p + 1) * K * NR512 : nullptr,
                     bp ? bp + p * NR512 : nullptr, yp + p * NR512, N, std::min(NR512, N - p * NR512));
+  });
+  return y;
+}
+
+// Gate and up rows of a fused gate_up weight w [2I, K] as panel_glu512 reads them: panel p holds gate rows
+// 16p .. 16p + 15 in its low half and up rows I + 16p .. in its high half (rows past I zero).
+torch::Tensor pack_glu512(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.size(0) % 2 == 0, "pack_glu512: fp32 [2I, K] weight");
+  const int64_t I = w.size(0) / 2, K = w.size(1), panels = (I + 15) / 16;
+  auto gate = torch::zeros({panels * 16, K}, w.options()), up = torch::zeros({panels * 16, K}, w.options());
+  gate.narrow(0, 0, I).copy_(w.narrow(0, 0, I));
+  up.narrow(0, 0, I).copy_(w.narrow(0, I, I));
+  auto interleaved = torch::cat({gate.view({panels, 16, K}), up.view({panels, 16, K})}, 1);  // [panels, 32, K]
+  return interleaved.transpose(1, 2).contiguous();
+}
+
+// silu(x @ gate.T + bias_gate) * (x @ up.T + bias_up) [M, I] from panels of pack_glu512: the gate_up
+// linear and the SiLU * up of an MLP in one pass, so the [M, 2I] product is never written out. `bias`,
+// when given, laid out as the panels are (32 per panel: 16 gate, 16 up).
+torch::Tensor panel_glu512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t I) {
+  TORCH_CHECK(avx512_supported(), "panel_glu512: this CPU has no AVX-512");
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == NR512 && x.size(1) == packed.size(1),
+              "panel_glu512: shapes");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.is_contiguous(),
+              "panel_glu512: fp32 only, contiguous panels");
+  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(M >= 1, "panel_glu512: no rows");
+  TORCH_CHECK(I > (panels - 1) * 16 && I <= panels * 16, "panel_glu512: I does not match the panels");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->is_contiguous() && bias->numel() == panels * NR512 && bias->scalar_type() == at::kFloat),
+              "panel_glu512: bias must be fp32, laid out as the panels");
+  x = x.contiguous();
+  auto y = torch::empty({M, I}, x.options());
+  const float *xp = x.data_ptr<float>(), *pp = packed.data_ptr<float>();
+  const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      panel_rows512<true>(xp, M, K, pp + p * K * NR512, p + 1 < p1 ? pp + (p + 1) * K * NR512 : nullptr,
+                          bp ? bp + p * NR512 : nullptr, yp + p * 16, I, std::min<int64_t>(16, I - p * 16));
   });
   return y;
 }

@@ -185,8 +185,16 @@ class MLP(nn.Module):
         if config.hidden_act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: the Llama family uses silu")
         self.cpu_ops = None  # see RMSNorm
+        self.glu = None  # (panels, bias, I) of panel_glu512 when the compiled ops fuse gate_up and SiLU * up
+
+    def use_cpu_ops(self, kernels):
+        self.cpu_ops = kernels
+        repack = getattr(self.gate_up_proj, "repack_glu", None)  # a PackedLinear on the AVX-512 panels
+        self.glu = repack(kernels) if kernels is not None and repack is not None else None
 
     def forward(self, x):
+        if self.glu is not None and x.dtype == torch.float32 and x.dim() == 2:
+            return self.down_proj(self.cpu_ops.panel_glu512(x, *self.glu))
         gate_up = self.gate_up_proj(x)
         if self.cpu_ops is not None and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
             return self.down_proj(self.cpu_ops.silu_mul(gate_up))
@@ -255,9 +263,12 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def use_cpu_ops(self, kernels):
-        """Run the norms, rotary embedding and SiLU * up on the compiled CPU kernels (fp32 rows; None: torch)."""
+        """Run the norms, rotary embedding and SiLU * up on the compiled CPU kernels (fp32 rows; None: torch);
+        on AVX-512 panels the gate_up linear and SiLU * up become one pass (panel_glu512)."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, Attention, MLP)):
+            if isinstance(module, MLP):  # also fuses gate_up with SiLU * up where its panels allow
+                module.use_cpu_ops(kernels)
+            elif isinstance(module, (RMSNorm, Attention)):
                 module.cpu_ops = kernels
 
     def forward(self, input_ids, positions, meta, kv_cache):

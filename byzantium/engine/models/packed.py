@@ -60,11 +60,41 @@ class PackedLinear(nn.Module):
             self.kernels[phase] = kernel
             self.packed[phase], self.biases[phase] = layouts[kernel.name]
 
+        self.glu = False  # packed by pack_glu512 (repack_glu), for panel_glu512
+
     def forward(self, x):
         phase = _phase[0]
         rows = x.reshape(-1, self.in_features)
-        y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], self.out_features)
+        if self.glu:  # the panels' columns are interleaved 16 gate, 16 up: put them back in order
+            panels = self.packed[phase].shape[0]
+            y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], panels * 32)
+            half = self.out_features // 2
+            y = y.view(-1, panels, 2, 16).transpose(1, 2).reshape(-1, 2, panels * 16)[:, :, :half].reshape(-1, 2 * half)
+        else:
+            y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def repack_glu(self, kernels):
+        """Repack a fused gate_up weight [2I, K] held on the AVX-512 panels for `kernels.panel_glu512`, which
+        computes silu(gate) * up as it goes. Returns (panels, bias or None, I), or None where it does not
+        apply (another kernel in some phase, or no AVX-512)."""
+        if not (kernels.avx512_supported() and {k.name for k in self.kernels.values()} == {"panels512"}):
+            return None
+        if not self.glu:
+            phase = next(iter(self.packed))
+            packed, bias, half = self.packed[phase], self.biases[phase], self.out_features // 2
+            weight = packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
+            glu = kernels.pack_glu512(weight)
+            if bias is not None:
+                panels = glu.shape[0]
+                gate, up = (torch.cat([b, b.new_zeros(panels * 16 - half)]).view(panels, 16)
+                            for b in (bias[:half], bias[half:2 * half]))
+                bias = torch.cat([gate, up], dim=1).flatten()
+            self.packed = dict.fromkeys(self.packed, glu)
+            self.biases = dict.fromkeys(self.biases, bias)
+            self.glu = True
+        phase = next(iter(self.packed))
+        return self.packed[phase], self.biases[phase], self.out_features // 2
 
     def extra_repr(self):
         return f"{self.in_features}, {self.out_features}, " + ", ".join(
