@@ -62,15 +62,15 @@ def test_fused_glu_matches_the_linear_then_silu_mul(rows, k, inner, bias):
     x = torch.randn(rows, k, generator=g) * 2
     packed = PackedLinear(linear, {"decode": Panels512(ext), "prefill": Panels512(ext)})
     gate_up = packed(x)
-    panels, glu_bias, half = packed.repack_glu(ext)
-    assert half == inner and packed.glu
+    glu, panels, glu_bias, half = packed.repack_glu(ext)
+    assert glu is ext.panel_glu512 and half == inner and packed.glu
     # The GEMM of each column is the same chain of FMAs in either packing: the repacked linear gives the
     # same gate_up, and the fused pass silu(gate) * up of it.
     assert torch.equal(packed(x), gate_up)
     fused = ext.panel_glu512(x, panels, glu_bias, inner)
     torch.testing.assert_close(fused, ext.silu_mul(gate_up), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(fused, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], rtol=1e-5, atol=1e-5)
-    assert packed.repack_glu(ext)[0] is panels  # once
+    assert packed.repack_glu(ext)[1] is panels  # once
     with pytest.raises(RuntimeError, match="I does not match"):
         ext.panel_glu512(x, panels, None, panels.shape[0] * 16 + 1)
 

@@ -119,7 +119,8 @@ def test_bf16_engine_on_the_cpu_uses_bf16_kernels_and_stays_close_to_fp32(tiny_l
     path = tiny_llama[1]
     bf16 = Engine(path, num_blocks=128, dtype="bfloat16")
     described = bf16.describe()
-    assert {k for choice in described["linear_kernels"].values() for k in choice.values()} <= {"onednn", "torch"}
+    assert {k for choice in described["linear_kernels"].values() for k in choice.values()} <= {"onednn", "torch",
+                                                                                          "panels_bf16"}
     assert described["attention_backend"] == "cpu" and bf16.kv_cache.dtype == torch.bfloat16
     prompts = random_prompts([5, 30, 17, 44], seed=4)
     want = Engine(path, num_blocks=128).logits(prompts)

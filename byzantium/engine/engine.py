@@ -206,17 +206,19 @@ class Engine:
         self.linear_kernels, self.linear_timings = "torch", {}
         if self.cpu_packed_linears and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             fp32 = self.dtype == torch.float32
-            kernels = cpu_ext.load() if self.cpu_kernels and fp32 else None  # load() logs why it is None
+            kernels = cpu_ext.load() if self.cpu_kernels else None  # load() logs why it is None; bf16: its panels
             onednn = packing_available(self.device, self.dtype)
             if fp32 and kernels is None and not onednn:
                 warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
                           "the linears are plain torch (slower on the CPU)")
             self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn, self.dtype)
-        # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU).
-        self.cpu_layer_ops = (self.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
-                              and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None)
-        if self.cpu_layer_ops:
+        # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU); gate_up fused
+        # with SiLU * up where its panels allow (fp32 AVX-512 or bf16 panels; the other ops check the dtype).
+        compiled = (self.cpu_kernels and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+                    and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None)
+        if compiled:
             model.use_cpu_ops(cpu_ext.load())
+        self.cpu_layer_ops = compiled and self.dtype == torch.float32
         # Where a shape's decode and prefill kernels differ, a step runs its phases as two passes.
         self.split_phases = isinstance(self.linear_kernels, dict) and any(
             len(set(choice.values())) > 1 for choice in self.linear_kernels.values())

@@ -23,6 +23,11 @@ torch::Tensor argmax_rows(torch::Tensor x);
 torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 torch::Tensor pack_glu512(torch::Tensor w);
 torch::Tensor panel_glu512(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t I);
+bool avx512_bf16_supported();
+torch::Tensor pack_panels_bf16(torch::Tensor w);
+torch::Tensor panel_linear_bf16(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
+torch::Tensor pack_glu_bf16(torch::Tensor w);
+torch::Tensor panel_glu_bf16(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t I);
 
 // The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
 // AsyncEngine's event loop) are not held up during a step.
@@ -38,6 +43,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_glu512", &pack_glu512, "gate_up w[2I, K] -> panels [I/16, K, 32] (16 gate, 16 up) for panel_glu512",
         release());
   m.def("panel_glu512", &panel_glu512, "AVX-512 silu(x @ gate.T) * (x @ up.T) [M, I] from pack_glu512 panels", release());
+  m.def("avx512_bf16_supported", &avx512_bf16_supported, "whether this CPU runs panel_linear_bf16 (avx512_bf16)");
+  m.def("pack_panels_bf16", &pack_panels_bf16, "bf16 w[N, K] -> panels [N/32, K/2, 32, 2] for panel_linear_bf16",
+        release());
+  m.def("panel_linear_bf16", &panel_linear_bf16,
+        "avx512_bf16 x[M, K] @ w.T + b in bf16 (fp32 sums) with w packed by pack_panels_bf16, b fp32 padded", release());
+  m.def("pack_glu_bf16", &pack_glu_bf16, "bf16 gate_up w[2I, K] -> panels (16 gate, 16 up) for panel_glu_bf16",
+        release());
+  m.def("panel_glu_bf16", &panel_glu_bf16, "avx512_bf16 silu(x @ gate.T) * (x @ up.T) [M, I] in bf16", release());
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm of rows [T, H] (cpu_layer_ops.cpp)", release());
   m.def("add_rms_norm", &add_rms_norm, "fp32 (RMSNorm(x + residual), x + residual) of rows [T, H]", release());
   m.def("silu_mul", &silu_mul, "fp32 silu(gate) * up of rows [T, 2I] -> [T, I]", release());

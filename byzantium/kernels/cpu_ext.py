@@ -6,6 +6,8 @@
     if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
         y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
         a = ext.panel_glu512(x, ext.pack_glu512(gate_up_weight), None, I)  # silu(gate) * up, fused
+    if ext.avx512_bf16_supported():                   # cpu_gemm_bf16.cpp: bf16 models on the bf16 units
+        y = ext.panel_linear_bf16(x_bf16, ext.pack_panels_bf16(weight_bf16), bias_fp32, weight.shape[0])
     out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp,
                                                       # cpu_decode512.cpp where the CPU has AVX-512
     if ext.prefill_supported(head_dim):               # cpu_prefill_attention.cpp (AVX-512)
@@ -30,7 +32,7 @@ from ..paths import cache_root
 from . import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in
-           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_attention.cpp", "cpu_decode512.cpp", "cpu_prefill_attention.cpp",
+           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_gemm_bf16.cpp", "cpu_attention.cpp", "cpu_decode512.cpp", "cpu_prefill_attention.cpp",
              "cpu_layer_ops.cpp",
              "cpu_sampling.cpp")]
 HEADERS = [Path(__file__).with_name("cpu_simd.h")]

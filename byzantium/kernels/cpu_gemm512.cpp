@@ -19,16 +19,6 @@ constexpr int MR512 = 14;      // rows of x per block
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 
-// silu(g) * u, as cpu_layer_ops.cpp's silu8 computes it: sigmoid from e = exp(-|g|).
-static inline __m512 silu_mul16(__m512 g, __m512 u) {
-  const __m512 e = exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g),
-                                                              _mm512_set1_epi32((int)0x80000000))));
-  const __m512 denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
-  const __m512 numerator = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ),
-                                                _mm512_set1_ps(1.0f), e);
-  return _mm512_mul_ps(_mm512_mul_ps(g, _mm512_div_ps(numerator, denominator)), u);
-}
-
 // y[0:R, 0:32] of one panel = x[0:R, :] . panel (+ bias); `mask` selects the valid columns of the last,
 // zero-padded panel. `next`: the panel to prefetch meanwhile, or null. GLU: the panel's low 16 columns
 // are gate rows and its high 16 the matching up rows (pack_glu512), and y[0:R, 0:16] = silu(gate) * up.

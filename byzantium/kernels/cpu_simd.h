@@ -1,5 +1,6 @@
 // SIMD helpers shared by the CPU kernels: AVX2 (cpu_attention.cpp, cpu_layer_ops.cpp) and, for the
-// AVX-512 kernels (cpu_prefill_attention.cpp, cpu_decode512.cpp), exp512 under its own target.
+// AVX-512 kernels (cpu_prefill_attention.cpp, cpu_decode512.cpp, the panel GEMMs), exp512 and silu_mul16
+// under their own target.
 #pragma once
 #include <immintrin.h>
 
@@ -50,6 +51,16 @@ static inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(bits));
+}
+
+// silu(g) * u, as cpu_layer_ops.cpp's silu8 computes it: sigmoid from e = exp(-|g|).
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 e = exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g),
+                                                              _mm512_set1_epi32((int)0x80000000))));
+  const __m512 denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
+  const __m512 numerator = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ),
+                                                _mm512_set1_ps(1.0f), e);
+  return _mm512_mul_ps(_mm512_mul_ps(g, _mm512_div_ps(numerator, denominator)), u);
 }
 
 #pragma GCC pop_options

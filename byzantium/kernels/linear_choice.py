@@ -77,6 +77,22 @@ class Panels512(Panels):
         return self.kernels.panel_linear512(rows, packed, bias, out_features)
 
 
+class PanelsBF16(Panels):
+    """bf16 weights on the bf16 units where the CPU has avx512_bf16 (kernels/cpu_gemm_bf16.cpp): panels of 32
+    columns holding (k, k + 1) weight pairs, fp32 sums rounded once; the bias is added in fp32."""
+    name = "panels_bf16"
+    PANEL = 32
+
+    def pack(self, weight):
+        return self.kernels.pack_panels_bf16(weight)
+
+    def pad_bias(self, bias, packed, out_features):
+        return super().pad_bias(bias.float(), packed, out_features)
+
+    def run(self, rows, packed, bias, out_features):
+        return self.kernels.panel_linear_bf16(rows, packed, bias, out_features)
+
+
 class OneDNN(Candidate):
     """oneDNN's prepacked weights (the path torch.compile's CPU freezing takes)."""
     name = "onednn"
@@ -103,11 +119,12 @@ class Torch(Candidate):
 
 def candidates(kernels, onednn, dtype=torch.float32):
     """The kernels available here for `dtype`: the panel GEMM (fp32) when the CPU kernels built, its AVX-512
-    variant where the CPU has AVX-512, oneDNN when its packing works, and plain F.linear (admitted per
-    shape only where it is batch-invariant)."""
+    variant where the CPU has AVX-512, the bf16 panels (bf16) where it has avx512_bf16, oneDNN when its
+    packing works, and plain F.linear (admitted per shape only where it is batch-invariant)."""
     panels = kernels is not None and dtype == torch.float32
+    bf16 = kernels is not None and dtype == torch.bfloat16 and kernels.avx512_bf16_supported()
     return [c for c, ok in ((Panels(kernels), panels), (Panels512(kernels), panels and kernels.avx512_supported()),
-                            (OneDNN(), onednn), (Torch(), True)) if ok]
+                            (PanelsBF16(kernels), bf16), (OneDNN(), onednn), (Torch(), True)) if ok]
 
 
 def cpu_name():
@@ -195,7 +212,7 @@ def locked_cache():
 
 
 def forced_choice(available):
-    """$BYZANTIUM_LINEAR_KERNELS=panels|panels512|onednn|torch forces one kernel for every shape and phase (benchmarks,
+    """$BYZANTIUM_LINEAR_KERNELS=panels|panels512|panels_bf16|onednn|torch forces one kernel for every shape and phase (benchmarks,
     debugging); unset or "auto": measure."""
     forced = os.environ.get("BYZANTIUM_LINEAR_KERNELS", "auto").strip() or "auto"
     if forced == "auto":
@@ -243,5 +260,5 @@ def choose(weights_by_shape, available):
     return choices, measured
 
 
-__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Panels512", "Torch", "batch_invariant", "candidates", "choose",
+__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Panels512", "PanelsBF16", "Torch", "batch_invariant", "candidates", "choose",
            "cpu_name", "locked_cache", "machine_key"]

@@ -185,7 +185,7 @@ class MLP(nn.Module):
         if config.hidden_act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: the Llama family uses silu")
         self.cpu_ops = None  # see RMSNorm
-        self.glu = None  # (panels, bias, I) of panel_glu512 when the compiled ops fuse gate_up and SiLU * up
+        self.glu = None  # (kernel, panels, bias, I) when a panel_glu kernel fuses gate_up and SiLU * up
 
     def use_cpu_ops(self, kernels):
         self.cpu_ops = kernels
@@ -193,8 +193,8 @@ class MLP(nn.Module):
         self.glu = repack(kernels) if kernels is not None and repack is not None else None
 
     def forward(self, x):
-        if self.glu is not None and x.dtype == torch.float32 and x.dim() == 2:
-            return self.down_proj(self.cpu_ops.panel_glu512(x, *self.glu))
+        if self.glu is not None and x.dtype == self.glu[1].dtype and x.dim() == 2:
+            return self.down_proj(self.glu[0](x, *self.glu[1:]))
         gate_up = self.gate_up_proj(x)
         if self.cpu_ops is not None and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
             return self.down_proj(self.cpu_ops.silu_mul(gate_up))

@@ -60,7 +60,7 @@ class PackedLinear(nn.Module):
             self.kernels[phase] = kernel
             self.packed[phase], self.biases[phase] = layouts[kernel.name]
 
-        self.glu = False  # packed by pack_glu512 (repack_glu), for panel_glu512
+        self.glu = False  # packed by pack_glu512 / pack_glu_bf16 (repack_glu), for their panel_glu kernels
 
     def forward(self, x):
         phase = _phase[0]
@@ -75,26 +75,34 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def repack_glu(self, kernels):
-        """Repack a fused gate_up weight [2I, K] held on the AVX-512 panels for `kernels.panel_glu512`, which
-        computes silu(gate) * up as it goes. Returns (panels, bias or None, I), or None where it does not
-        apply (another kernel in some phase, or no AVX-512)."""
-        if not (kernels.avx512_supported() and {k.name for k in self.kernels.values()} == {"panels512"}):
+        """Repack a fused gate_up weight [2I, K] held on the AVX-512 panels (fp32: `kernels.panel_glu512`) or the
+        bf16 panels (`kernels.panel_glu_bf16`), whose blocks compute silu(gate) * up as they go. Returns
+        (glu kernel, panels, bias or None, I), or None where it does not apply (another kernel in some phase)."""
+        names = {k.name for k in self.kernels.values()}
+        if names == {"panels512"} and kernels.avx512_supported():
+            pack, glu = kernels.pack_glu512, kernels.panel_glu512
+        elif names == {"panels_bf16"} and kernels.avx512_bf16_supported():
+            pack, glu = kernels.pack_glu_bf16, kernels.panel_glu_bf16
+        else:
             return None
         if not self.glu:
             phase = next(iter(self.packed))
             packed, bias, half = self.packed[phase], self.biases[phase], self.out_features // 2
-            weight = packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
-            glu = kernels.pack_glu512(weight)
+            if packed.dim() == 3:  # fp32 panels [P, K, 32]
+                weight = packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
+            else:  # bf16 panels [P, K/2, 32, 2]
+                weight = packed.permute(0, 2, 1, 3).reshape(packed.shape[0] * 32, -1)[:self.out_features, :self.in_features]
+            packed = pack(weight.contiguous())
             if bias is not None:
-                panels = glu.shape[0]
+                panels = packed.shape[0]
                 gate, up = (torch.cat([b, b.new_zeros(panels * 16 - half)]).view(panels, 16)
                             for b in (bias[:half], bias[half:2 * half]))
                 bias = torch.cat([gate, up], dim=1).flatten()
-            self.packed = dict.fromkeys(self.packed, glu)
+            self.packed = dict.fromkeys(self.packed, packed)
             self.biases = dict.fromkeys(self.biases, bias)
             self.glu = True
         phase = next(iter(self.packed))
-        return self.packed[phase], self.biases[phase], self.out_features // 2
+        return glu, self.packed[phase], self.biases[phase], self.out_features // 2
 
     def extra_repr(self):
         return f"{self.in_features}, {self.out_features}, " + ", ".join(
