@@ -1,5 +1,6 @@
-"""The bf16 panel linears (cpu_gemm_bf16.cpp, avx512_bf16) against fp32 arithmetic on the same bf16 numbers,
-and a bf16 engine on them against one on torch's linears."""
+"""The bf16 panel linears (cpu_gemm_bf16.cpp, avx512_bf16) and bf16 norms and rope (cpu_layer_ops_bf16.cpp)
+against fp32 arithmetic on the same bf16 numbers and the torch formulas, and a bf16 engine on them against
+one on torch's linears and layer ops."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,7 +90,7 @@ def test_bf16_engine_runs_its_linears_on_the_bf16_panels(tiny_llama, monkeypatch
     info = fast.describe()
     assert {k for choice in info["linear_kernels"].values() for k in choice.values()} == {"panels_bf16"}
     assert info["fused_gate_up_silu"] == sum(isinstance(m, MLP) for m in fast.model.modules()) > 0
-    assert not info["cpu_layer_ops"]  # the norms and rope stay torch's in bf16
+    assert info["cpu_layer_ops"]  # the bf16 norms and rope
     monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "torch")
     plain = Engine(tiny_llama[1], num_blocks=64, dtype="bfloat16")
     assert info["fused_gate_up_silu"] and not plain.describe()["fused_gate_up_silu"]
@@ -98,3 +99,52 @@ def test_bf16_engine_runs_its_linears_on_the_bf16_panels(tiny_llama, monkeypatch
     for a, b in zip(got, want):
         la, lb = torch.log_softmax(a.float(), -1), torch.log_softmax(b.float(), -1)
         assert (la - lb).abs().max() < 0.05  # bf16 roundings in different places, nothing more
+
+
+def within_one_ulp(got, want):
+    """bf16 results that may differ from the torch formula's by one rounding step (fp32 sums in another order)."""
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    step = want.float().abs().clamp_min(1e-30) * 2 ** -7
+    assert ((got.float() - want.float()).abs() <= step).all()
+    assert (got != want).float().mean() < 0.01  # nearly always the same bits
+
+
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (7, 64), (33, 40), (3, 17)])
+def test_bf16_norms_match_the_torch_formula(rows, hidden):
+    from byzantium.engine.models.llama import RMSNorm
+    g = torch.Generator().manual_seed(rows + hidden)
+    norm = RMSNorm(hidden, 1e-5).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=g))
+    x, residual = (torch.randn(rows, hidden, generator=g).bfloat16() for _ in range(2))
+    with torch.no_grad():
+        want, want_sum = norm.add_forward(x, residual)  # cpu_ops unset: the torch formula
+        within_one_ulp(ext.rms_norm_bf16(x, norm.weight, 1e-5), norm(x))
+        got, got_sum = ext.add_rms_norm_bf16(x, residual, norm.weight, 1e-5)
+    assert torch.equal(got_sum, want_sum)  # the residual stream: one rounding of the fp32 sum, as torch adds
+    within_one_ulp(got, want)
+    strided = torch.randn(rows, 2 * hidden, generator=g).bfloat16()[:, :hidden]
+    with torch.no_grad():
+        within_one_ulp(ext.rms_norm_bf16(strided, norm.weight, 1e-5), norm(strided))
+    with pytest.raises(RuntimeError, match="bf16 rows"):
+        ext.rms_norm_bf16(x.float(), norm.weight, 1e-5)
+    with pytest.raises(RuntimeError, match="residual like x"):
+        ext.add_rms_norm_bf16(x, residual[:, :-1], norm.weight, 1e-5)
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim", [(1, 12, 64), (5, 3, 34), (9, 2, 128)])
+def test_bf16_rope_matches_apply_rope_in_fp32(tokens, heads, head_dim):
+    from byzantium.engine.models.llama import apply_rope
+    g = torch.Generator().manual_seed(tokens + heads + head_dim)
+    qkv = torch.randn(tokens, heads + 2, head_dim, generator=g).bfloat16()
+    x = qkv[:, :heads]  # heads contiguous, rows strided (a slice of the fused qkv)
+    angle = torch.rand(tokens, head_dim // 2, generator=g) * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).bfloat16()
+    sin = torch.cat([-angle.sin(), angle.sin()], -1).bfloat16()
+    got = ext.rope_bf16(x, cos, sin)
+    want = apply_rope(x.float(), cos.float().unsqueeze(1), sin.float().unsqueeze(1))  # fp32 of the same inputs
+    assert got.dtype == torch.bfloat16 and got.is_contiguous()
+    err = (got.float() - want).abs()
+    assert (err <= want.abs() * 2 ** -8 + 1e-6).all()
+    with pytest.raises(RuntimeError, match="tables"):
+        ext.rope_bf16(x, cos.float(), sin)

@@ -212,13 +212,13 @@ class Engine:
                 warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
                           "the linears are plain torch (slower on the CPU)")
             self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn, self.dtype)
-        # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU); gate_up fused
-        # with SiLU * up where its panels allow (fp32 AVX-512 or bf16 panels; the other ops check the dtype).
+        # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU; bf16 norms and
+        # rope with avx512_bf16); gate_up fused with SiLU * up where its panels allow (fp32 AVX-512, bf16 panels).
         compiled = (self.cpu_kernels and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
                     and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None)
         if compiled:
             model.use_cpu_ops(cpu_ext.load())
-        self.cpu_layer_ops = compiled and self.dtype == torch.float32
+        self.cpu_layer_ops = compiled and (self.dtype == torch.float32 or cpu_ext.load().avx512_bf16_supported())
         # Where a shape's decode and prefill kernels differ, a step runs its phases as two passes.
         self.split_phases = isinstance(self.linear_kernels, dict) and any(
             len(set(choice.values())) > 1 for choice in self.linear_kernels.values())

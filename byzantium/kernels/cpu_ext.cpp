@@ -27,6 +27,10 @@ bool avx512_bf16_supported();
 torch::Tensor pack_panels_bf16(torch::Tensor w);
 torch::Tensor panel_linear_bf16(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
 torch::Tensor pack_glu_bf16(torch::Tensor w);
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_bf16(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
+                                                           double eps);
+torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor signed_sin);
 torch::Tensor panel_glu_bf16(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t I);
 
 // The kernels run without the GIL, as torch's own operators do, so that other Python threads (an
@@ -51,6 +55,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_glu_bf16", &pack_glu_bf16, "bf16 gate_up w[2I, K] -> panels (16 gate, 16 up) for panel_glu_bf16",
         release());
   m.def("panel_glu_bf16", &panel_glu_bf16, "avx512_bf16 silu(x @ gate.T) * (x @ up.T) [M, I] in bf16", release());
+  m.def("rms_norm_bf16", &rms_norm_bf16, "bf16 RMSNorm of rows [T, H] (cpu_layer_ops_bf16.cpp, avx512_bf16)", release());
+  m.def("add_rms_norm_bf16", &add_rms_norm_bf16, "bf16 (RMSNorm(x + residual), x + residual) of rows [T, H]", release());
+  m.def("rope_bf16", &rope_bf16, "bf16 x * cos + roll(x, D/2) * signed_sin of x [T, H, D], bf16 tables [T, D]", release());
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm of rows [T, H] (cpu_layer_ops.cpp)", release());
   m.def("add_rms_norm", &add_rms_norm, "fp32 (RMSNorm(x + residual), x + residual) of rows [T, H]", release());
   m.def("silu_mul", &silu_mul, "fp32 silu(gate) * up of rows [T, 2I] -> [T, I]", release());

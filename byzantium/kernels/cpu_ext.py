@@ -1,4 +1,5 @@
-"""Byzantium's CPU kernels (fp32, AVX2): compiled once per machine and torch version, then cached.
+"""Byzantium's CPU kernels (fp32 on AVX2 and AVX-512, bf16 on avx512_bf16): compiled once per machine and
+torch version, then cached.
 
     ext = load()            # None when it cannot be had: no AVX2, no C++ compiler, a failed build
     panels = ext.pack_panels(weight)                  # cpu_gemm.cpp: the linears (engine/models/packed.py)
@@ -8,6 +9,7 @@
         a = ext.panel_glu512(x, ext.pack_glu512(gate_up_weight), None, I)  # silu(gate) * up, fused
     if ext.avx512_bf16_supported():                   # cpu_gemm_bf16.cpp: bf16 models on the bf16 units
         y = ext.panel_linear_bf16(x_bf16, ext.pack_panels_bf16(weight_bf16), bias_fp32, weight.shape[0])
+        h = ext.rms_norm_bf16(x_bf16, weight_bf16, eps)  # cpu_layer_ops_bf16.cpp: bf16 norms and rope
     out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp,
                                                       # cpu_decode512.cpp where the CPU has AVX-512
     if ext.prefill_supported(head_dim):               # cpu_prefill_attention.cpp (AVX-512)
@@ -32,9 +34,8 @@ from ..paths import cache_root
 from . import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in
-           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_gemm_bf16.cpp", "cpu_attention.cpp", "cpu_decode512.cpp", "cpu_prefill_attention.cpp",
-             "cpu_layer_ops.cpp",
-             "cpu_sampling.cpp")]
+           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_gemm_bf16.cpp", "cpu_attention.cpp", "cpu_decode512.cpp",
+            "cpu_prefill_attention.cpp", "cpu_layer_ops.cpp", "cpu_layer_ops_bf16.cpp", "cpu_sampling.cpp")]
 HEADERS = [Path(__file__).with_name("cpu_simd.h")]
 
 

@@ -78,10 +78,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.cpu_ops = None  # the compiled CPU kernels, when the engine runs them (use_cpu_ops)
+        self.bf16_ops = False  # and their bf16 variants (CPUs with avx512_bf16)
 
     def forward(self, x):
         if self.cpu_ops is not None and x.dtype == torch.float32:
             return self.cpu_ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
+        if self.bf16_ops and x.dtype == torch.bfloat16:
+            return self.cpu_ops.rms_norm_bf16(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
         # transformers' formula op for op (normalise in fp32, scale in the input dtype); on CPU it is
         # also faster than F.rms_norm for the small rows of decode steps.
         h = x.float()
@@ -95,6 +98,8 @@ class RMSNorm(nn.Module):
             return self(x), x
         if self.cpu_ops is not None and x.dtype == torch.float32:
             return self.cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if self.bf16_ops and x.dtype == torch.bfloat16 and x.dim() == 2:
+            return self.cpu_ops.add_rms_norm_bf16(x, residual, self.weight, self.eps)
         residual = x + residual
         return self(residual), residual
 
@@ -137,6 +142,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
         self.cpu_ops = None  # see RMSNorm
+        self.bf16_ops = False
         self.qk_norm = arch in QK_NORM
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -171,8 +177,11 @@ class Attention(nn.Module):
         return self.o_proj(out.view(T, self.q_size))
 
     def _rope(self, x, cos, sin):
-        if self.cpu_ops is not None and x.dtype == torch.float32 and x.stride(1) == x.shape[2] and x.stride(2) == 1:
-            return self.cpu_ops.rope(x, cos, sin)
+        if self.cpu_ops is not None and x.stride(1) == x.shape[2] and x.stride(2) == 1:
+            if x.dtype == torch.float32:
+                return self.cpu_ops.rope(x, cos, sin)
+            if self.bf16_ops and x.dtype == torch.bfloat16:
+                return self.cpu_ops.rope_bf16(x, cos, sin)
         return apply_rope(x, cos, sin)
 
 
@@ -263,13 +272,15 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def use_cpu_ops(self, kernels):
-        """Run the norms, rotary embedding and SiLU * up on the compiled CPU kernels (fp32 rows; None: torch);
-        on AVX-512 panels the gate_up linear and SiLU * up become one pass (panel_glu512)."""
+        """Run the norms, rotary embedding and SiLU * up on the compiled CPU kernels (fp32 rows, and the norms
+        and rope of bf16 rows where the CPU has avx512_bf16; None: torch); on AVX-512 or bf16 panels the
+        gate_up linear and SiLU * up become one pass (panel_glu512, panel_glu_bf16)."""
+        bf16 = kernels is not None and kernels.avx512_bf16_supported()
         for module in self.modules():
             if isinstance(module, MLP):  # also fuses gate_up with SiLU * up where its panels allow
                 module.use_cpu_ops(kernels)
             elif isinstance(module, (RMSNorm, Attention)):
-                module.cpu_ops = kernels
+                module.cpu_ops, module.bf16_ops = kernels, bf16
 
     def forward(self, input_ids, positions, meta, kv_cache):
         """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""
