@@ -8,7 +8,7 @@
     PYTHONPATH=. python bench/kernel_bench.py            # CUDA, bf16: prints markdown tables
     PYTHONPATH=. python bench/kernel_bench.py --smoke    # tiny shapes on CPU: checks this script runs
     PYTHONPATH=. python bench/kernel_bench.py --cpu      # CPU fp32, SmolLM2's shapes: decode attention
-                                                         # (torch vs cpu) and linears (oneDNN vs panels)
+                                                         # (torch vs cpu) and linears (oneDNN vs the panels)
 
 Qwen3-0.6B's attention shape by default: 16 query heads, 8 KV heads, head_dim 128, block size 16.
 """
@@ -180,34 +180,34 @@ def run(device, dtype, smoke=False, backends=("triton",)):
     return sections, copy_gbps
 
 
-def linear_rows(row_counts=(1, 4, 8, 16, 32, 64, 256), layers=30):
+def linear_rows(dtype=torch.float32, row_counts=(1, 4, 8, 16, 32, 64, 256), layers=30):
     """The decoder layers' linears of SmolLM2-135M (qkv, o, gate_up, down) for `layers` distinct layers, so
-    the weights stream from memory as in a real step: oneDNN prepacked vs Byzantium's panels."""
+    the weights stream from memory as in a real step, on every kernel the linear choice times here for
+    `dtype` (oneDNN prepacked, the panels, the AVX-512 and bf16 panels where the CPU has them)."""
     from byzantium.kernels import cpu_ext
-    ext = cpu_ext.load()
+    from byzantium.kernels.linear_choice import Torch, candidates
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-    weights = [[torch.randn(n, k) * 0.05 for n, k in shapes] for _ in range(layers)]
-    onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in layer] for layer in weights]
-    panels = [[ext.pack_panels(w) for w in layer] for layer in weights]
+    kernels = [c for c in candidates(cpu_ext.load(), True, dtype) if not isinstance(c, Torch)]
+    weights = [[(torch.randn(n, k) * 0.05).to(dtype) for n, k in shapes] for _ in range(layers)]
+    packed = {c.name: [[c.pack(w) for w in layer] for layer in weights] for c in kernels}
     del weights
     rows = []
     for m in row_counts:
-        xs = [torch.randn(m, k) for _, k in shapes]
-
-        def run_onednn():
-            for layer in onednn:
-                for w, x in zip(layer, xs):
-                    torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-
-        def run_panels():
-            for layer in panels:
-                for (n, _), w, x in zip(shapes, layer, xs):
-                    ext.panel_linear(x, w, None, n)
-
+        xs = [torch.randn(m, k).to(dtype) for _, k in shapes]
         flops = 2 * m * sum(n * k for n, k in shapes) * layers
-        one, pan = bench(run_onednn, torch.device("cpu"), 1, 5), bench(run_panels, torch.device("cpu"), 1, 5)
-        rows.append({"rows": m, "oneDNN ms": one * 1e3, "oneDNN GFLOP/s": flops / one / 1e9,
-                     "panels ms": pan * 1e3, "panels GFLOP/s": flops / pan / 1e9, "speed-up": one / pan})
+        row = {"rows": m}
+        for c in kernels:
+            def run_kernel(c=c):
+                for layer in packed[c.name]:
+                    for (n, _), w, x in zip(shapes, layer, xs):
+                        c.run(x, w, None, n)
+            seconds = bench(run_kernel, torch.device("cpu"), 1, 5)
+            row[f"{c.name} ms"], row[f"{c.name} GFLOP/s"] = seconds * 1e3, flops / seconds / 1e9
+        if "onednn ms" in row:
+            best = min((k for k in row if k.endswith(" ms") and k != "onednn ms"), key=row.get, default=None)
+            if best:
+                row["best panels vs oneDNN"] = row["onednn ms"] / row[best]
+        rows.append(row)
     return rows
 
 
@@ -240,7 +240,8 @@ def run_cpu(backends=("torch", "cpu")):
                               f"Hkv 3, D 64, block 16, {threads} threads; sdpa: dense, unpaged, not what the torch "
                               f"backend runs)"),
             markdown(linear_rows(), f"SmolLM2-135M's 120 decoder-layer linears, weights streamed from memory "
-                                    f"(float32, {threads} threads)")]
+                                    f"(float32, {threads} threads)"),
+            markdown(linear_rows(torch.bfloat16), f"The same linears in bfloat16 ({threads} threads)")]
 
 
 def cpu_model():
