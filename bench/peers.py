@@ -5,7 +5,7 @@
         [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--dtype float32]
 
 Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
-activations and KV cache in bf16 (throughput only), CPU):
+activations and KV cache in bf16, CPU):
 - throughput: random prompts, EOS ignored; prefill and decode tok/s per (prompt length, batch).
   Byzantium and transformers as bench/engine_throughput.py times them; vLLM (offline `LLM`, prefix
   caching off) from two `generate` calls on fresh prompts: max_tokens=1 (prefill) and max_tokens=--new
@@ -190,7 +190,7 @@ def project_worker(side, workload, spec):
         # the reference sends every call of a round at once: no client-side limit that would queue them
         llm = OpenAILLM(model_dir, base_url=spec["base_url"], max_concurrency=4096)
     elif workload == "maj":
-        llm = load_llm(model_dir, backend="native" if side == "byzantium" else "hf", device="cpu")
+        llm = load_llm(model_dir, backend="native" if side == "byzantium" else "hf", device="cpu", dtype=spec["dtype"])
     if llm is not None:  # a first call, so the timed runs find a warm engine (or server)
         asyncio.run(llm.chat([{"role": "user", "content": "What is 2 + 3?"}], SamplingParams(max_tokens=8)))
     answer(dict(ready=True, versions=versions))
@@ -211,16 +211,16 @@ def project_worker(side, workload, spec):
         elif workload == "rr":
             cfg = (spec["m"], spec["k"], spec["max_len"], spec["temperature"])
             if side == "byzantium":
-                out = rr_workload.run_engine(model_dir, tasks, *cfg, seed=job["seed"])  # new trajectories each run
+                out = rr_workload.run_engine(model_dir, tasks, *cfg, seed=job["seed"], dtype=spec["dtype"])  # new each run
             else:
-                out = rr_workload.run_naive(model_dir, tasks, *cfg, 0)["measured"]  # all trajectories
+                out = rr_workload.run_naive(model_dir, tasks, *cfg, 0, dtype=spec["dtype"])["measured"]  # all of them
             out["gen_tok_s"] = out["generated_tokens"] / out["seconds"]
         elif workload == "sac":
             solve = SamplingParams(max_tokens=spec["solve_tokens"], temperature=0.0)
             judge = SamplingParams(max_tokens=spec["judge_tokens"], temperature=0.0)
             out = {}
             for mode in spec["sac_modes"]:
-                r, _ = sac_round.run_native(model_dir, sac_tasks, mode, solve, judge, llm=llm)
+                r, _ = sac_round.run_native(model_dir, sac_tasks, mode, solve, judge, llm=llm, dtype=spec["dtype"])
                 r.pop("records")
                 out[mode] = r
                 out[f"{mode}_seconds"] = r["seconds"]
@@ -406,7 +406,8 @@ def main():
     ap.add_argument("--sac-problems", type=int, default=4)
     ap.add_argument("--sac-modes", default="generate,logprob")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                    help="every side's dtype; bfloat16 (the CPU's bf16 units where it has them) for throughput only")
+                    help="every side's dtype (weights, activations, KV cache); bfloat16: the CPU's bf16 units where "
+                         "it has them")
     ap.add_argument("--vllm-python", default=None,
                     help="python of a venv with vllm (default: this interpreter if it imports vllm, else skip)")
     ap.add_argument("--sides", default="byzantium,vllm,transformers")
@@ -432,8 +433,6 @@ def main():
     args.batches = [int(b) for b in args.batches.split(",")]
     args.prompt_lens = [int(p) for p in args.prompt_lens.split(",")]
     workloads = args.workloads.split(",")
-    if args.dtype != "float32" and workloads != ["throughput"]:
-        ap.error("--dtype bfloat16 is for --workloads throughput (the protocol workloads run fp32)")
     sides = args.sides.split(",")
     skipped, vllm_version = {}, None
     if "vllm" in sides:

@@ -31,9 +31,9 @@ from byzantium.tasks import get_task
 N, C = 5, 3
 
 
-def run_engine(model_dir, tasks, m, k, max_len, temperature, seed=0):
+def run_engine(model_dir, tasks, m, k, max_len, temperature, seed=0, dtype="float32"):
     """seed: the trajectories' speaking orders and sampling seeds (rr_majority's)."""
-    llm = load_llm(model_dir, backend="native", device="cpu")
+    llm = load_llm(model_dir, backend="native", device="cpu", dtype=dtype)
     agents = make_agents(llm, C, N)
 
     async def workload(tasks):
@@ -82,10 +82,10 @@ def naive_trajectory(model, tok, task, index, k, max_len, temperature):
     return prefill, decode, len(reply)
 
 
-def run_naive(model_dir, tasks, m, k, max_len, temperature, sample):
+def run_naive(model_dir, tasks, m, k, max_len, temperature, sample, dtype="float32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     every = [(t, j) for t in tasks for j in range(m)]
     # A spread sample: trajectory j of question q for the first `sample` (q, j) on the diagonal.
     picked = every if not sample else [(tasks[i % len(tasks)], i % m) for i in range(0, sample * 3, 3)][:sample]

@@ -115,10 +115,11 @@ class Proxy:
                                 lambda: self.llm.score(messages, candidates, untrusted, tag=tag), candidates=candidates)
 
 
-def run_native(model_dir, tasks, mode, solve, judge, llm=None):
-    """llm: another LLM to drive the same way (bench/peers.py passes vLLM's server); None = the native engine."""
+def run_native(model_dir, tasks, mode, solve, judge, llm=None, dtype="float32"):
+    """llm: another LLM to drive the same way (bench/peers.py passes vLLM's server); None = the native engine
+    (in `dtype`)."""
     own = llm is None
-    llm = llm or load_llm(model_dir, backend="native", device="cpu")
+    llm = llm or load_llm(model_dir, backend="native", device="cpu", dtype=dtype)
     cache = [(t.id, t.gold) for t in get_task("gen-arith", 20, seed=1)]
 
     async def main():
