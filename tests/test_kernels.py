@@ -345,3 +345,12 @@ def test_dispatch(monkeypatch):
     assert attention_ops("torch", torch.device("cuda", 0)) is reference
     with pytest.raises(ValueError, match="attention_backend"):
         attention_ops("xformers", "cpu")
+
+
+def test_the_cpu_kernels_build_wherever_they_are_supported():
+    """Every test of tests/test_cpu_kernels.py skips when load() is None: a build that breaks fails here."""
+    from byzantium.kernels import cpu_ext
+    if not cpu_ext.supported():
+        pytest.skip(str(cpu_ext.unsupported_reason()))
+    assert cpu_ext.load() is not None
+    assert cpu_ext.source_digest() in cpu_ext.load().__name__

@@ -74,21 +74,26 @@ def _find_ninja() -> bool:
 
 
 @functools.cache
+def source_digest():
+    """What names a build: the kernels' sources and the torch version (a changed kernel is timed again too)."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
+
+
+@functools.cache
 def load():
     reason = unsupported_reason()
     if reason is not None:
         warn_once(f"byzantium: the compiled CPU kernels are not used ({reason}); the linears use oneDNN "
                   f"and attention the torch reference")
         return None
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
-    build_dir = cache_root() / "ext" / f"cpu-{digest}"
+    build_dir = cache_root() / "ext" / f"cpu-{source_digest()}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not any(build_dir.glob("*.so")):
         print("byzantium: building the CPU kernels (once per machine, about a minute)",
               file=sys.stderr, flush=True)
     try:
         from torch.utils.cpp_extension import load as build
-        return build(name=f"byzantium_cpu_{digest}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
+        return build(name=f"byzantium_cpu_{source_digest()}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means: use the fallbacks
         warn_once(f"byzantium: the CPU kernels could not be built ({type(error).__name__}: {str(error)[:200]}); "

@@ -48,7 +48,10 @@ static void block_bf16(const uint16_t* x, int64_t K, int64_t KP, const uint16_t*
          a11 = a0, b11 = a0, a12 = a0, b12 = a0, a13 = a0, b13 = a0;
   for (int64_t p = 0; p < KP; ++p) {
     const uint16_t* w = panel + p * 2 * NRB;  // 32 columns x 2 = 64 bf16 = two vectors
-    if (next) _mm_prefetch((const char*)(next + p * 2 * NRB), _MM_HINT_T0);
+    if (next) {  // both cache lines of the next panel's k-pair row (64 bf16 = 128 bytes)
+      _mm_prefetch((const char*)(next + p * 2 * NRB), _MM_HINT_T0);
+      _mm_prefetch((const char*)(next + p * 2 * NRB + NRB), _MM_HINT_T0);
+    }
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + NRB);
 #define ROW(i)                                                                       \
     if constexpr (R > i) {                                                           \

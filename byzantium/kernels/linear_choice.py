@@ -4,7 +4,7 @@ A kernel tuned on one CPU can lose on another (a hand-written AVX2 GEMM beats on
 a machine without AVX-512 and loses to it at prefill on one with AVX-512), so nothing here is a constant:
 for each (in_features, out_features) shape of a model and each phase of a step, the candidates are timed
 once per machine and the winner is cached in $BYZANTIUM_CACHE/linear_choice.json, keyed by the CPU, the
-thread count and the torch version.
+thread count, the torch version and the kernels' sources (a changed kernel is timed again).
 
 Both phases are timed: decode rows (one token per request, at 1, 8 and 32 rows with the weights
 streamed from memory) and prefill rows (PREFILL_ROWS rows); each shape then takes the one kernel with
@@ -135,7 +135,10 @@ def cpu_name():
 
 
 def machine_key():
-    return f"{cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+    """The CPU, the thread count, the torch version and the compiled kernels' sources: a timing holds for these."""
+    from . import cpu_ext
+    return (f"{cpu_name()} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
+            f"kernels {cpu_ext.source_digest()}")
 
 
 def batch_invariant(candidate, weight, generator):
