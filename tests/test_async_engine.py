@@ -55,3 +55,29 @@ def test_errors_reach_the_caller(tiny_llama):
     engine = AsyncEngine(path, num_blocks=64)
     with pytest.raises(ValueError, match="empty prompt"):
         asyncio.run(engine.generate([[]], SamplingParams()))
+
+
+def test_the_engine_is_built_and_its_tensor_work_runs_on_the_step_thread(tiny_llama, monkeypatch):
+    """One thread does every parallel torch/kernel region (loading, packing, steps, logits, log-softmax): a
+    second OpenMP team would make libgomp stop spinning at its barriers and slow every step."""
+    import threading
+
+    import torch
+
+    from byzantium.engine import engine as engine_module
+    threads = {}
+    load, stack, log_softmax = engine_module.Engine._load_model, torch.stack, torch.log_softmax
+    monkeypatch.setattr(engine_module.Engine, "_load_model",
+                        lambda self, *a: threads.setdefault("load", threading.current_thread().name) and load(self, *a))
+    engine = AsyncEngine(tiny_llama[1], num_blocks=64)
+    monkeypatch.setattr(torch, "stack", lambda *a, **k: threads.setdefault("stack", threading.current_thread().name)
+                        and stack(*a, **k))
+    monkeypatch.setattr(torch, "log_softmax", lambda *a, **k: threads.setdefault(
+        "log_softmax", threading.current_thread().name) and log_softmax(*a, **k))
+    prompts = random_prompts([6, 9], seed=40)
+    got = asyncio.run(engine.score(prompts, [5, 7]))
+    monkeypatch.undo()
+    assert got == Engine(tiny_llama[1], num_blocks=64).score(prompts, [5, 7])
+    assert set(threads) == {"load", "stack", "log_softmax"}
+    assert all(name.startswith("byzantium-step") for name in threads.values()), threads
+    engine.shutdown()

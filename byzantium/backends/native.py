@@ -38,7 +38,7 @@ class NativeLLM(LLM):
 
     async def _logprobs(self, ids, tag=None):
         logits = await self.engine.logits([ids], tag=tag)
-        return torch.log_softmax(logits[0].float(), dim=-1)
+        return await self.engine.on_step_thread(lambda: torch.log_softmax(logits[0].float(), dim=-1))
 
     async def open_session(self, prompt, untrusted=False):
         return await self.engine.open_session(self.prompt_ids(prompt, untrusted))
