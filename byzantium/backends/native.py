@@ -3,6 +3,7 @@ calls of all agents and all problem instances in flight are batched together."""
 import torch
 
 from ..engine.async_engine import AsyncEngine
+from ..engine.engine import log_softmax_rows
 from .params import SamplingParams
 from .base import LLM, Completion
 
@@ -37,8 +38,8 @@ class NativeLLM(LLM):
         return _completion((await self.engine.generate([ids], params, tag=tag))[0])
 
     async def _logprobs(self, ids, tag=None):
-        logits = await self.engine.logits([ids], tag=tag)
-        return await self.engine.on_step_thread(lambda: torch.log_softmax(logits[0].float(), dim=-1))
+        logits = await self.engine.logits([ids], tag=tag)  # fp32; numpy keeps the loop's thread single-threaded
+        return torch.from_numpy(log_softmax_rows(logits[0]).astype("float32"))
 
     async def open_session(self, prompt, untrusted=False):
         return await self.engine.open_session(self.prompt_ids(prompt, untrusted))

@@ -28,7 +28,8 @@ class AsyncEngine:
         # Built on the thread that runs the steps: the CPU kernels' OpenMP threads then form one team. A
         # second team (from parallel work on another thread: loading, packing, timing the kernels) makes
         # libgomp count more threads than cores and stop spinning at its barriers, and every parallel
-        # region of a step then waits for a futex wake-up (measured: decode steps 15.5 -> 22.6 ms).
+        # region of a step then waits for a futex wake-up (measured: decode steps 15.5 -> 22.6 ms). What
+        # this class computes on the event loop's thread (logits, log-softmax) is numpy, single-threaded.
         self.engine = self._executor.submit(Engine, *args, **kwargs).result()
         self._waiters = {}  # seq_id -> (seq, future) of the requests in flight
         self._after_step = []  # engine calls asked for while a step runs: made right after it
@@ -198,21 +199,17 @@ class AsyncEngine:
     async def chat(self, conversations, params=None, untrusted=False, *, tag=None):
         return await self.generate(self.engine.chat_prompts(conversations, untrusted), params, tag=tag)
 
-    async def on_step_thread(self, fn):
-        """fn() on the thread that runs the steps (after the running step, if any): tensor work big enough
-        for torch to go parallel belongs there, not on the event loop's thread (see __init__)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
     async def logits(self, prompts, *, tag=None):
+        import numpy as np
         import torch
         seqs = await self._run_requests(lambda: self.engine.add_requests(prompts, logits=True, tag=tag))
-        return await self.on_step_thread(lambda: torch.stack([s.logits for s in seqs]))
+        # numpy, not torch.stack: no parallel region on the event loop's thread (see __init__)
+        return torch.from_numpy(np.stack([s.logits.numpy() for s in seqs]))
 
     async def score(self, prompts, candidates, *, tag=None):
         prompts = Engine._prompt_list(prompts)
         per_prompt = Engine.candidate_lists(prompts, candidates)
-        logits = await self.logits(prompts, tag=tag)
-        return await self.on_step_thread(lambda: self.engine.logprobs_of(logits, per_prompt))
+        return self.engine.logprobs_of(await self.logits(prompts, tag=tag), per_prompt)
 
     async def open_session(self, prompt, *, tag=None):
         return self.engine.open_session(prompt, tag=tag)

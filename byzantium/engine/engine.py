@@ -8,6 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .chat import plain_text_ids, render_chat
@@ -83,6 +84,15 @@ def _positive(name, value):
     if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
+
+
+def log_softmax_rows(logits):
+    """log-softmax of logits rows (a CPU tensor) in numpy, float64: single-threaded on purpose, because the
+    AsyncEngine calls it on the event loop's thread, where a parallel torch op would start a second OpenMP
+    team and slow every step (see AsyncEngine.__init__)."""
+    x = logits.numpy().astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
@@ -648,7 +658,7 @@ class Engine:
         return per_prompt
 
     def logprobs_of(self, logits, per_prompt):
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = log_softmax_rows(logits)
         return [dict(zip(cands, logprobs[i, self.candidate_token_ids(cands)].tolist()))
                 for i, cands in enumerate(per_prompt)]
 
