@@ -3,10 +3,11 @@ mode (judge limited to --judge-tokens new tokens) and in logprob mode: this engi
 issuing one request at a time (the way the reference code drives its server).
 
 Both sides make exactly the same calls. The native side runs `run_sac` with T=1 on all problems at
-once; every call goes through a recording proxy, which also lines the problems up at two points, so the
-phases can be timed alone: round 1 starts when every problem has finished round 0 (stats are reset
-there), and refinement starts when every problem has finished scoring. Measured: round 1 (the
-neighbour scoring of every honest agent, then refine and re-score). Every round-1 prompt is recorded
+once; every agent's calls go through a recording proxy, which holds round 1 until every problem has
+finished round 0 (stats are reset there). Measured: round 1 (the neighbour scoring of every honest
+agent, then refine and re-score). Each agent refines as soon as its own judgements are in (run_sac), so
+the phases overlap; the scoring phase is timed to the end of the round's last judgement. --lockstep
+issues the phases one after another per problem, as the SAC reference does. Every round-1 prompt is recorded
 and the same prompts, with the same sampling parameters, are then run on the hf backend one after
 another. The hf side is timed on a random sample of the calls of each phase (--hf-sample; 0 = all) and
 scaled up to the whole phase by forward passes (greedy decoding gives hf the native run's reply lengths,
@@ -46,13 +47,12 @@ TOKENS = ("prefill_tokens", "decode_tokens", "cached_tokens")
 
 
 class Round:
-    """What the proxies of all problems share: two gates, the clock and the recorded round-1 calls."""
+    """What the proxies of all agents share: the gate of round 1, the clock and the recorded round-1 calls."""
 
     def __init__(self, llm, problems):
         self.llm, self.problems = llm, problems
         self.round0_done = self.scores_done = 0
         self.round1 = asyncio.Event()  # every problem finished round 0
-        self.refine = asyncio.Event()  # every problem finished its round-1 scoring
         self.calls, self.times, self.stats = [], {}, {}
 
     def finished_round0(self):
@@ -66,20 +66,19 @@ class Round:
         self.scores_done += 1
         if self.scores_done == self.problems * HONEST * (N - 1):
             self.stats["score"] = dict(self.llm.stats)
-            self.times["refine"] = time.perf_counter()
-            self.refine.set()
+            self.times["scored"] = time.perf_counter()
 
 
 class Proxy:
-    """The agents of one problem call the shared native LLM through this: it tells round 0 from round 1
-    by counting calls, holds round-1 calls at the gates and records them."""
+    """One agent calls the shared LLM through this: it tells round 0 from round 1 by counting calls, holds
+    round-1 calls at the gate and records them."""
 
     def __init__(self, llm, shared):
         self.llm, self.name, self.shared, self.count, self.refined = llm, llm.name, shared, 0, False
 
     def _phase(self, judge):
         self.count += 1
-        if self.count <= 2 * HONEST:
+        if self.count <= 2:  # round 0: its solve and its self-score
             return None
         if not judge:
             self.refined = True
@@ -92,8 +91,6 @@ class Proxy:
             self.shared.finished_round0()
             return out
         await self.shared.round1.wait()
-        if phase == "refine":
-            await self.shared.refine.wait()
         out = await run()
         call = dict(phase=phase, kind=kind, messages=messages, **extra)
         if kind == "logprob":
@@ -115,9 +112,9 @@ class Proxy:
                                 lambda: self.llm.score(messages, candidates, untrusted, tag=tag), candidates=candidates)
 
 
-def run_native(model_dir, tasks, mode, solve, judge, llm=None, dtype="float32"):
+def run_native(model_dir, tasks, mode, solve, judge, llm=None, dtype="float32", lockstep=False):
     """llm: another LLM to drive the same way (bench/peers.py passes vLLM's server); None = the native engine
-    (in `dtype`)."""
+    (in `dtype`). lockstep: run_sac's."""
     own = llm is None
     llm = llm or load_llm(model_dir, backend="native", device="cpu", dtype=dtype)
     cache = [(t.id, t.gold) for t in get_task("gen-arith", 20, seed=1)]
@@ -126,9 +123,12 @@ def run_native(model_dir, tasks, mode, solve, judge, llm=None, dtype="float32"):
         shared = Round(llm, len(tasks))
         runs = []
         for t in tasks:
-            agents = make_agents(Proxy(llm, shared), n=N, weak=0, byzantine=1, task=t, cache=cache, seed=0)
+            agents = make_agents(llm, n=N, weak=0, byzantine=1, task=t, cache=cache, seed=0)
+            for a in agents:
+                if a.honest:
+                    a.llm = Proxy(llm, shared)
             runs.append(run_sac(t, complete(N), agents, F, T=1, score_mode=mode, solve_params=solve,
-                                judge_params=judge))
+                                judge_params=judge, lockstep=lockstep))
         start = time.perf_counter()
         records = await asyncio.gather(*runs)
         end = time.perf_counter()
@@ -139,7 +139,7 @@ def run_native(model_dir, tasks, mode, solve, judge, llm=None, dtype="float32"):
     total = llm.stats
     if own:
         llm.close()
-    t1, t2 = shared.times["round1"], shared.times["refine"]
+    t1, t2 = shared.times["round1"], shared.times["scored"]
     scoring = shared.stats["score"]
     rest = {k: total[k] - scoring[k] for k in TOKENS}
     return dict(round0_seconds=t1 - start, seconds=end - t1, score_seconds=t2 - t1, rest_seconds=end - t2,
@@ -213,6 +213,7 @@ def main():
     ap.add_argument("--modes", default="generate,logprob")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0 = torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lockstep", action="store_true", help="each phase of the round waits for the whole phase")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sac_round"))
     args = ap.parse_args()
     if args.threads:
@@ -225,7 +226,7 @@ def main():
 
     results = {}
     for mode in args.modes.split(","):
-        native, calls = run_native(model_dir, tasks, mode, solve, judge)
+        native, calls = run_native(model_dir, tasks, mode, solve, judge, lockstep=args.lockstep)
         records = native.pop("records")
         base = run_hf(hf, calls, args.hf_sample, args.seed)
         results[mode] = r = dict(
@@ -250,7 +251,7 @@ def main():
                    note="2 CPU cores shared with other jobs, so times are noisy")
     config = dict(n=N, F=F, topology="complete", problems=args.problems, task="gen-arith", seed=args.seed,
                   judge_tokens=args.judge_tokens, solve_tokens=args.solve_tokens, hf_sample=args.hf_sample,
-                  model=args.model)
+                  model=args.model, lockstep=args.lockstep)
     command = " ".join(["python bench/sac_round.py"] + [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                          if k != "out" and ap.get_default(k) != v])
     out = Path(args.out)

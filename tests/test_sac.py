@@ -208,6 +208,52 @@ def test_scoring_calls_of_a_round_are_concurrent_and_failures_score_zero():
     assert a2["scores"][0] == 0.0 and a2["score_errors"]  # a raising scoring call counts 0.0
 
 
+class SlowJudge(ScriptedLLM):
+    """Its judgements of answer 41 wait until `release` is set."""
+
+    def __init__(self, *args, release, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
+        if messages[0]["content"] == prompts.JUDGE_SYSTEM and "Proposed answer: 41" in text_of(messages):
+            await self.release.wait()
+        return await super().chat(messages, params, untrusted, tag)
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_an_agent_refines_without_waiting_for_the_others_judgements_unless_lockstep(lockstep):
+    """Agent 1's round-1 judgement of agent 0's answer (41) hangs until agent 0 has refined: without
+    lockstep agent 0 refines as soon as its own judgements are in; in lockstep nobody refines before
+    every judgement is in, and the record is the same."""
+    scores = {"42": 0.9, "41": 0.5}
+
+    async def main():
+        release = asyncio.Event()
+        a = ScriptedLLM("a", ["41", "42"], scores)
+        b = SlowJudge("b", ["42"], scores, release=release)
+        original = a.chat
+
+        async def chat(messages, params=None, untrusted=False, tag=None):
+            out = await original(messages, params, untrusted, tag)
+            if "reliability score" in text_of(messages):
+                release.set()  # agent 0 has refined
+            return out
+        a.chat = chat
+        agents = agents_on([a, b])
+        # Round 0 calls judge 41 too (agent 0's self-score is from `a`, not `b`), so b only waits in round 1.
+        run = asyncio.create_task(run_sac(TASK, nx.path_graph(2), agents, F=1, T=1, lockstep=lockstep))
+        done, _ = await asyncio.wait([run], timeout=0.5)
+        release.set()  # in lockstep agent 0's refinement waits for agent 1's judgement, which waits for it
+        return bool(done), await run
+
+    finished_alone, rec = asyncio.run(main())
+    assert finished_alone != lockstep
+    r1 = rec["rounds"][1]["agents"]
+    assert r1[0]["refine_called"] and r1[0]["answer"] == "42" and r1[0]["previous"] == "41"
+    assert r1[1]["scores"] == {0: 0.5}
+
+
 def test_logprob_mode_uses_one_pass_per_score():
     scores = {"42": 0.8, "41": 0.3}
     llms = [ScriptedLLM("a", ["42"], scores), ScriptedLLM("b", ["41"], scores)]

@@ -13,9 +13,10 @@
     computed with its own model when that answer was produced, so an unchanged answer is not re-scored.
 
 Only final answer strings travel between agents. Adversaries do not run the protocol; they send
-`Adversary.message(receiver, t)` (a decoy first writes its answer, alongside round 0's solves). All
-scoring calls of a phase are issued at once (asyncio.gather), so the engine batches them together with
-those of every other instance in flight. Every call is sampled with its own seed from (run seed, problem,
+`Adversary.message(receiver, t)` (a decoy first writes its answer, alongside round 0's solves). Within a
+round every agent goes at its own pace: its judgements are issued at once (asyncio.gather), and it refines
+and re-scores as soon as its own judgements are in, not when every agent's are (what it does depends on
+nothing else); the engine batches all of it with the calls of every other agent and instance in flight. Every call is sampled with its own seed from (run seed, problem,
 agent, round, purpose): "solve", "judge" (with the agent judged), "refine".
 """
 import asyncio
@@ -91,9 +92,11 @@ async def _safe(coro):
 
 
 async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params=None, judge_params=None,
-                  logprob_kind="yes", seed=0):
+                  logprob_kind="yes", seed=0, lockstep=False):
     """One problem instance. agents[i] sits on node i of `graph`. Returns the transcript record.
-    seed: the run seed every request's sampling seed is derived from."""
+    seed: the run seed every request's sampling seed is derived from.
+    lockstep: every phase of a round waits for the whole phase (all judgements, then all refinements, then
+    all re-scores), the way the reference issues its calls; the same calls and the same record, later."""
     if sorted(graph.nodes) != list(range(len(agents))):
         raise ValueError(f"graph nodes must be 0..{len(agents) - 1}, one per agent")
     if any(graph.has_edge(i, i) for i in graph.nodes):
@@ -122,49 +125,43 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         # What each agent receives this round: honest agents broadcast, adversaries may equivocate.
         def msg(j, i):
             return answer[j] if agents[j].honest else agents[j].adversary.message(i, t)
-        pairs = [(a, j) for a in honest for j in nbrs[a.id]]
-        results = await asyncio.gather(*(judge(a, t, msg(j, a.id), j) for a, j in pairs))
-        got = {(a.id, j): r for (a, j), r in zip(pairs, results)}
+        phase_done = asyncio.Barrier(len(honest)) if lockstep else None
 
-        plans = {}
-        for a in honest:
-            scores = [(j, got[a.id, j]["score"]) for j in nbrs[a.id]]
+        async def agent_round(a):
+            """Agent a's round t. It needs only its own judgements, so it refines as soon as they are in;
+            the round ends when every agent's has (the next round reads every answer of this one)."""
+            got = await asyncio.gather(*(judge(a, t, msg(j, a.id), j) for j in nbrs[a.id]))
+            got = dict(zip(nbrs[a.id], got))
+            scores = [(j, got[j]["score"]) for j in nbrs[a.id]]
             below, dropped, kept = filter_neighbours(phi[a.id], scores, F)
-            plans[a.id] = (scores, below, dropped, kept)
-        refining = [a for a in honest if plans[a.id][3]]  # empty kept set: no call
-        outs = await asyncio.gather(*(a.llm.chat(prompts.refine(
-            task, answer[a.id], [(msg(j, a.id), s) for j, s in plans[a.id][0] if j in plans[a.id][3]], F),
-            seeded(solve_params, seed, task.id, a.id, t, "refine"), tag="refine") for a in refining))
-        new_answer, new_text, refined = dict(answer), {}, {}
-        for a, out in zip(refining, outs):
-            parsed = task.extract(out.text)
-            new_text[a.id], refined[a.id] = out.text, parsed is not None
-            if parsed is not None:  # unparsable refinement: keep the current answer
-                new_answer[a.id] = parsed
+            if lockstep:
+                await phase_done.wait()
+            out = None
+            if kept:  # empty kept set: no call
+                out = await a.llm.chat(prompts.refine(task, answer[a.id], [(msg(j, a.id), s) for j, s in scores
+                                                                             if j in kept], F),
+                                       seeded(solve_params, seed, task.id, a.id, t, "refine"), tag="refine")
+            parsed = task.extract(out.text) if out is not None else None
+            new = parsed if parsed is not None else answer[a.id]  # unparsable refinement: keep the answer
+            if lockstep:
+                await phase_done.wait()
+            rescored = None
+            if new != answer[a.id]:
+                rescored = await judge(a, t, new, a.id)
+                phi[a.id] = rescored["score"]
+            return {"id": a.id, "role": a.role, "answer": new, "previous": answer[a.id],
+                    "threshold": rounds[-1]["agents"][a.id]["self_score"], "self_score": phi[a.id],
+                    "scores": dict(scores), "below": below, "dropped": dropped, "kept": kept,
+                    "refine_called": out is not None, "refine_parsed": None if out is None else parsed is not None,
+                    "text": None if out is None else out.text,
+                    "score_failures": sum(not got[j]["parsed"] for j in nbrs[a.id])
+                    + (rescored is not None and not rescored["parsed"]),
+                    "score_errors": [got[j]["error"] for j in nbrs[a.id] if "error" in got[j]]}
 
-        changed = [a for a in honest if new_answer[a.id] != answer[a.id]]
-        rescored = await asyncio.gather(*(judge(a, t, new_answer[a.id], a.id) for a in changed))
-        for a, s in zip(changed, rescored):
-            phi[a.id] = s["score"]
-        rescored = dict(zip([a.id for a in changed], rescored))
-
-        records = []
-        for a in agents:
-            if not a.honest:
-                records.append({"id": a.id, "role": a.role, "answer": answer[a.id],
-                                "sent": {i: msg(a.id, i) for i in nbrs[a.id]}})
-                continue
-            scores, below, dropped, kept = plans[a.id]
-            r = {"id": a.id, "role": a.role, "answer": new_answer[a.id], "previous": answer[a.id],
-                 "threshold": rounds[-1]["agents"][a.id]["self_score"], "self_score": phi[a.id],
-                 "scores": dict(scores), "below": below, "dropped": dropped, "kept": kept,
-                 "refine_called": a.id in new_text, "refine_parsed": refined.get(a.id),
-                 "text": new_text.get(a.id),
-                 "score_failures": sum(not got[a.id, j]["parsed"] for j in nbrs[a.id])
-                 + (a.id in rescored and not rescored[a.id]["parsed"]),
-                 "score_errors": [got[a.id, j]["error"] for j in nbrs[a.id] if "error" in got[a.id, j]]}
-            records.append(r)
-        answer = new_answer
+        done = dict(zip([a.id for a in honest], await asyncio.gather(*(agent_round(a) for a in honest))))
+        records = [done[a.id] if a.honest else {"id": a.id, "role": a.role, "answer": answer[a.id],
+                                                 "sent": {i: msg(a.id, i) for i in nbrs[a.id]}} for a in agents]
+        answer = {a.id: done[a.id]["answer"] if a.honest else answer[a.id] for a in agents}
         rounds.append({"round": t, "agents": records})
 
     return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.accepted, "seed": seed,
