@@ -26,7 +26,9 @@ COUNT = INSTANCES * HONEST * HONEST
 @pytest.fixture(scope="module")
 def llm(smollm2_dir):
     from byzantium.backends import load_llm
-    llm = load_llm(smollm2_dir, backend="native", num_blocks=1024)  # default batch limits
+    # Default batch limits. No speculation: drafts let equally long replies end in different steps, and
+    # these tests count on the instances reaching their scoring together.
+    llm = load_llm(smollm2_dir, backend="native", num_blocks=1024, num_speculative_tokens=0)
     yield llm
     llm.close()
 
@@ -124,3 +126,23 @@ def test_generate_round_scoring_prefills_together_and_decodes_together(llm, run)
     # One prefill step, then every judge decodes in the same steps: at most max_tokens steps in all.
     assert s["steps"] <= max_tokens * -(-COUNT // cap(llm))
     assert 0 < s["decode_tokens"] <= COUNT * (max_tokens - 1)
+
+
+def test_agents_at_their_own_pace_write_the_same_record_as_lockstep(llm):
+    """Generate mode, sampled (temperature 0.7, every call seeded): each agent refining as soon as its own
+    judgements are in changes which calls share an engine step, not what any call returns."""
+    tasks = get_task("gen-arith", 2, seed=3)
+    cache = [(t.id, t.gold) for t in get_task("gen-arith", 10, seed=1)]
+    params = SamplingParams(max_tokens=12, temperature=0.7)
+
+    def records(lockstep):
+        async def main():
+            return await asyncio.gather(*(
+                run_sac(t, complete(N), make_agents(llm, n=N, weak=0, byzantine=1, task=t, cache=cache, seed=0),
+                        F, T=2, solve_params=params, judge_params=params, seed=5, lockstep=lockstep)
+                for t in tasks))
+        return asyncio.run(main())
+
+    own_pace, lockstep = records(False), records(True)
+    assert own_pace == lockstep
+    assert any(a.get("refine_called") for r in own_pace for rnd in r["rounds"][1:] for a in rnd["agents"])

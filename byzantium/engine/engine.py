@@ -23,9 +23,15 @@ from .sampling import SamplingParams, make_generator, sample
 from .device_sampling import sample as device_sample
 from .scheduler import Scheduler
 from .sequence import Row, Sequence, Session, Status
+from .speculation import PromptLookup
 from .stats import EngineStats
 
 logger = logging.getLogger("byzantium")
+
+# Prompt-lookup speculation on the CPU: draft tokens a request may take a step, and the rows a step may
+# hold for drafts to be added (past ~32 rows a CPU step is compute-bound: extra rows cost, not ride free).
+DEFAULT_SPECULATIVE_TOKENS = 4
+DEFAULT_SPECULATIVE_ROWS = 32
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -97,9 +103,13 @@ def log_softmax_rows(logits):
 class Engine:
     def __init__(self, model=None, device=None, dtype=None, block_size=16, num_blocks=None, max_num_seqs=256,
                  max_batch_tokens=None, attention_backend="auto", max_model_len=None, kv_cache_gib=None,
-                 cpu_packed_linears=True, cpu_kernels=True, profile=False, memory_fraction=None, enforce_eager=False):
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len"):
+                 cpu_packed_linears=True, cpu_kernels=True, profile=False, memory_fraction=None, enforce_eager=False,
+                 num_speculative_tokens=None, speculative_max_rows=None):
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len",
+                     "speculative_max_rows"):
             _positive(name, locals()[name])
+        if num_speculative_tokens is not None and (not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 0):
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got {num_speculative_tokens!r}")
         if memory_fraction is not None and not 0 < memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
         self.device = resolve_device(device)
@@ -130,6 +140,7 @@ class Engine:
             attention_backend = "torch"
         self.attention_backend = attention_backend
         self.eos_token_ids = self._eos_ids(model_dir)
+        self.drafter = self._drafter(num_speculative_tokens, speculative_max_rows)
         # Profiling: a step with prefill and decode rows runs them as two timed forward passes (same outputs).
         self.profile = profile
         self.enforce_eager = enforce_eager  # CUDA: no decode graphs (runner.py, cuda_graphs.py); CPU is always eager
@@ -147,10 +158,20 @@ class Engine:
         self.kv_cache = allocate_kv_cache(self.config.num_hidden_layers, num_blocks, self.block_size,
                                           self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, self.block_size)
-        self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens)
+        self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens, self.drafter,
+                                   self.max_model_len)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.attention_backend,
                                   max_num_seqs=self.max_num_seqs, max_batch_tokens=self.max_batch_tokens,
                                   max_model_len=self.max_model_len, cuda_graphs=not self.enforce_eager)
+
+    def _drafter(self, num_tokens, max_rows):
+        """Prompt-lookup speculation (speculation.py): on by default on the CPU, where it is checked to give
+        the tokens plain decoding gives; off on CUDA until a GPU run has checked it there."""
+        if num_tokens is None:
+            num_tokens = DEFAULT_SPECULATIVE_TOKENS if self.device.type == "cpu" else 0
+        if not num_tokens:
+            return None
+        return PromptLookup(num_tokens, max_rows or DEFAULT_SPECULATIVE_ROWS)
 
     def _plan_num_blocks(self, fraction):
         """KV blocks from what is left of this engine's share of the device (`fraction` of its memory:
@@ -246,7 +267,8 @@ class Engine:
                 "kv_cache": {"num_blocks": self.num_blocks, "block_size": self.block_size,
                              "bytes": self.kv_cache.numel() * self.kv_cache.element_size()},
                 "max_num_seqs": self.max_num_seqs, "max_batch_tokens": self.scheduler.max_batch_tokens,
-                "max_model_len": self.max_model_len, "profile": self.profile, "cuda_graphs": self.runner.describe()}
+                "max_model_len": self.max_model_len, "profile": self.profile, "cuda_graphs": self.runner.describe(),
+                "speculation": self.drafter.describe() if self.drafter is not None else None}
 
     def _default_num_blocks(self, kv_cache_gib):
         per_block = self._block_bytes()
@@ -399,9 +421,10 @@ class Engine:
             rows, seqs, logits, ended = self._isolate(rows, seqs, logits, failed)
         self._stats.totals["preemptions"] += self.scheduler.num_preemptions - preempted_before
         if rows:
-            step_rows = [(row.seq.tag, row.phase, row.num_tokens, row.seq.seq_id) for row in rows]
             ended += self.postprocess(rows, seqs, logits)
-            self._stats.record(start, time.perf_counter() - start, step_rows, len(rows), self.block_manager.num_used,
+            step_rows = [(row.seq.tag, row.phase, row.num_tokens, row.seq.seq_id) for row in rows if not row.wasted]
+            self._stats.record(start, time.perf_counter() - start, step_rows, len({r.seq.seq_id for r in rows}),
+                               self.block_manager.num_used,
                                cached_tokens, cache_hits, phase_seconds=phase_seconds)
         return ended
 
@@ -517,40 +540,69 @@ class Engine:
 
     def postprocess(self, rows, seqs, logits):
         """After a forward pass: the rows' tokens are computed; each sequence a row ended (`seqs`, one
-        `logits` row each) gets its logits (a logits request) or its next token, and may finish.
-        Returns the requests that finished (or failed: sampling raised)."""
+        `logits` row each; a speculative step's sequence one per row) gets its logits (a logits request) or
+        its next tokens, and may finish. Returns the requests that finished (or failed: sampling raised)."""
+        drafts, verifying = {}, {}
         for row in rows:
             row.seq.num_computed = row.end
-        finished, to_sample = [], []
+            if row.verify:
+                verifying.setdefault(row.seq.seq_id, [row.seq, len(row.seq), []])[2].append(row)
+            if row.token is not None:
+                drafts.setdefault(row.seq.seq_id, []).append(row.token)
+        groups = []  # (seq, its logits rows)
         for i, seq in enumerate(seqs):
+            if groups and groups[-1][0] is seq:
+                groups[-1][1].append(i)
+            else:
+                groups.append((seq, [i]))
+        finished, to_sample = [], []
+        for seq, index in groups:
             if seq.logits_only:
-                seq.logits, seq.finish_reason = logits[i].cpu(), "logits"
+                seq.logits, seq.finish_reason = logits[index[0]].cpu(), "logits"
                 finished.append(seq)
             else:
-                to_sample.append(i)
+                seq.num_computed = min(seq.num_computed, len(seq))  # a speculative step: up to its newest token
+                to_sample.append((seq, index, drafts.get(seq.seq_id, [])))
         failed = []
-        if to_sample:
-            sampled = [seqs[i] for i in to_sample]
+        position = 0
+        while to_sample:  # the rows of a sequence's step in turn: plain steps take one round, drafts more
+            sampled = [seq for seq, _, _ in to_sample]
             try:
-                if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)
-                    picked = logits if len(to_sample) == len(seqs) else logits.index_select(
-                        0, torch.tensor(to_sample, device=logits.device))
-                    tokens, logprobs = device_sample(picked, sampled)
-                else:
-                    tokens, logprobs = sample(logits.index_select(0, torch.tensor(to_sample, device=logits.device)), sampled)
+                tokens, logprobs = self._sample(logits, [index[position] for _, index, _ in to_sample], sampled)
             except Exception as error:  # noqa: BLE001 - e.g. NaN logits: these requests fail, not the engine
                 logger.error("byzantium: sampling failed for %d requests (%s: %s)", len(sampled), type(error).__name__, error)
-                failed = self._fail((seq, error) for seq in sampled)
-            else:
-                for seq, token, lp in zip(sampled, tokens, logprobs):
-                    seq.token_ids.append(token)
-                    if lp is not None:
-                        seq.logprobs.append(lp)
-                    if self._check_stop(seq, token):
-                        finished.append(seq)
+                failed += self._fail((seq, error) for seq in sampled)
+                break
+            going = []
+            for (seq, index, draft), token, lp in zip(to_sample, tokens, logprobs):
+                seq.token_ids.append(token)
+                if lp is not None:
+                    seq.logprobs.append(lp)
+                accepted = position < len(draft) and token == draft[position]
+                self._stats.totals["accepted_draft_tokens"] += accepted
+                if draft:
+                    seq.num_computed = len(seq) - 1  # the accepted drafts' K/V are computed, the newest token's not
+                if self._check_stop(seq, token):
+                    finished.append(seq)
+                elif accepted:  # the draft is the token sampled: the next row's logits follow from it
+                    going.append((seq, index, draft))
+            to_sample, position = going, position + 1
+        for draft in drafts.values():
+            self._stats.totals["draft_tokens"] += len(draft)
+        for seq, before, verify_rows in verifying.values():  # row i gave the step's i-th token, if it got that far
+            for row in verify_rows[len(seq) - before:]:
+                row.wasted = True
         for seq in finished:
             self.scheduler.remove(seq)
         return finished + failed
+
+    def _sample(self, logits, index, seqs):
+        if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)
+            picked = logits if index == list(range(len(logits))) else logits.index_select(
+                0, torch.tensor(index, device=logits.device))
+            return device_sample(picked, seqs)
+        return sample(logits.index_select(0, torch.tensor(index, device=logits.device)), seqs)
+
     def _check_stop(self, seq, token):
         params = seq.params
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:

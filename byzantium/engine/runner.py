@@ -148,7 +148,7 @@ class ModelRunner:
 
     def prepare(self, rows, pad_to=None):
         """Returns (input_ids, positions, meta, logit_rows, seqs): logit_rows are the packed indices of the
-        rows that end their sequence, seqs those sequences, in the same order.
+        rows that end their sequence or verify drafts (a sequence's rows in order), seqs their sequences.
 
         pad_to (a graphed step: single-token rows, StepBuffers): add padding rows up to that many, with
         slot -1 and length 0, and block tables max_blocks wide."""
@@ -157,11 +157,11 @@ class ModelRunner:
         input_ids, positions, slots, logit_rows, seqs = [], [], [], [], []
         for row in rows:
             seq, start, end = row.seq, row.start, row.end
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.token_ids[start:end] if row.token is None else (row.token,))
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if row.ends_sequence:
+            if row.ends_sequence or row.verify:
                 logit_rows.append(len(input_ids) - 1)
                 seqs.append(seq)
         num_decode = sum(1 for row in rows if row.num_tokens == 1)
@@ -219,7 +219,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, rows):
         """One forward pass over the rows; returns (seqs, logits): the sequences that a row ends and their
-        next-token logits (fp32, one row each, None when there are none)."""
+        next-token logits (fp32, one row each, None when there are none); a sequence with draft rows comes
+        once per row, in position order."""
         bucket = self.graphs.bucket(rows) if self.graphs is not None else None
         input_ids, positions, meta, logit_rows, seqs = self.prepare(rows, pad_to=bucket)
         forward = lambda: self.model(input_ids, positions, meta, self.kv_cache)  # noqa: E731

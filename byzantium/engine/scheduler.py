@@ -4,7 +4,9 @@ Each step packs decodes (one token each) and prefill chunks of many sequences, b
 max_num_seqs and a token budget (max_batch_tokens); a long prompt is prefilled in chunks across
 steps. When the block pool runs out, the most recently admitted unpinned sequence is preempted: its
 blocks are released and it is recomputed later (its finished blocks often come back from the prefix
-cache). Sessions are pinned: they keep their blocks and are never preempted.
+cache). Sessions are pinned: they keep their blocks and are never preempted. With a drafter
+(speculation.py), a decoding request may also take its draft tokens, while the step's rows stay within
+the drafter's max_rows and the drafts fit in free blocks.
 """
 from collections import deque
 
@@ -12,9 +14,10 @@ from .sequence import Row, Status
 
 
 class Scheduler:
-    def __init__(self, block_manager, max_num_seqs, max_batch_tokens):
+    def __init__(self, block_manager, max_num_seqs, max_batch_tokens, drafter=None, max_model_len=None):
         self.blocks = block_manager
         self.max_num_seqs, self.max_batch_tokens = max_num_seqs, max_batch_tokens
+        self.drafter, self.max_model_len = drafter, max_model_len
         self.waiting = deque()
         self.running = []
         self.num_preemptions = 0
@@ -48,6 +51,7 @@ class Scheduler:
     def schedule(self):
         """Return the next step's rows: running sequences first, then newly admitted prefill chunks."""
         budget = self.max_batch_tokens
+        draft_rows = self.drafter.max_rows - len(self.running) if self.drafter is not None else 0
         batch = []
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
@@ -55,10 +59,12 @@ class Scheduler:
             n = min(seq.num_uncomputed, budget)
             if n == 0:
                 continue
-            if not self._make_room(seq, seq.num_computed + n, batch):
+            drafts = self._drafts(seq, min(draft_rows, budget - 1)) if draft_rows > 0 and n == 1 else []
+            if not self._make_room(seq, seq.num_computed + n + len(drafts), batch):
                 continue
-            self._take(seq, n, batch)
-            budget -= n
+            self._take(seq, n, batch, drafts)
+            budget -= n + len(drafts)
+            draft_rows -= len(drafts)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits, hashes = ([], []) if seq.block_table else self.blocks.match_prefix(seq.token_ids)
@@ -84,10 +90,26 @@ class Scheduler:
                 "running requests that cannot be preempted; raise num_blocks or close sessions")
         return batch
 
-    def _take(self, seq, n, batch):
-        self.blocks.allocate(seq, seq.num_computed + n)
-        self.blocks.register_full_blocks(seq, seq.num_computed + n)
-        batch.append(Row(seq, seq.num_computed, n))
+    def _drafts(self, seq, k):
+        """A decoding request's draft tokens: at most k, none past its max_tokens or the model's length, and
+        only if their blocks are free (drafts never preempt anyone)."""
+        if seq.logits_only or seq.params is None or seq.num_computed < seq.output_start:
+            return []  # not decoding: a prompt's last token, a recompute, a scoring request
+        k = min(k, self.drafter.num_tokens, seq.params.max_tokens - seq.num_output - 1,
+                (self.max_model_len or len(seq) + k + 1) - len(seq) - 1)
+        drafts = self.drafter.propose(seq, k) if k > 0 else []
+        if drafts and self.blocks.blocks_needed(seq, len(seq) + len(drafts)) > self.blocks.num_free:
+            return []
+        return drafts
+
+    def _take(self, seq, n, batch, drafts=()):
+        self.blocks.allocate(seq, seq.num_computed + n + len(drafts))
+        self.blocks.register_full_blocks(seq, seq.num_computed + n)  # draft tokens are not content yet
+        if not drafts:
+            batch.append(Row(seq, seq.num_computed, n))
+            return
+        batch.append(Row(seq, seq.num_computed, 1, verify=True))
+        batch.extend(Row(seq, len(seq) + i, 1, token=t, verify=True) for i, t in enumerate(drafts))
 
     def _make_room(self, seq, num_tokens, batch):
         """Free blocks for seq by preempting the newest unpinned running sequences not in this batch."""

@@ -32,6 +32,8 @@ class Sequence:
     logits: object = None  # logits-only result: fp32 [vocab]
     tag: str | None = None  # the caller's label for the stats ("score", "refine", "turn", ...)
     error: BaseException | None = None  # why the request failed (finish_reason "error")
+    ngrams: dict = field(default_factory=dict, repr=False)  # speculation.PromptLookup's index of this context
+    ngrams_upto: int = 0  # tokens before this index are in `ngrams`
 
     def __len__(self):
         return len(self.token_ids)
@@ -64,11 +66,15 @@ class Row:
 
     The one definition of the two phases: a "decode" row feeds the newest sampled token of the request
     to get the next one; every other row is "prefill" (a prompt or a chunk of one, tokens appended to a
-    session, the recompute of a preempted request).
+    session, the recompute of a preempted request). A speculative step feeds a request its newest token and
+    its draft tokens as single-token decode rows (speculation.py).
     """
     seq: Sequence
     start: int
     num_tokens: int
+    token: int | None = None  # a draft token (speculation.py): the row's input, past the sequence's tokens
+    verify: bool = False  # a row of a speculative step: its logits are sampled, whether or not it ends the sequence
+    wasted: bool = False  # a speculative row after the step's last token: computed, but no token came of it
 
     @property
     def end(self):
