@@ -2,24 +2,30 @@
 
     python bench/peers.py --vllm-python /tmp/vllm-venv/bin/python \\
         [--workloads throughput,rr,sac,maj] [--batches 1,8,32,64] [--prompt-lens 128,1024] [--new 64] \\
-        [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--dtype float32]
+        [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--dtype float32] \\
+        [--vllm-speculative K]
 
 Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
 activations and KV cache in bf16, CPU):
 - throughput: random prompts, EOS ignored; prefill and decode tok/s per (prompt length, batch).
   Byzantium and transformers as bench/engine_throughput.py times them; vLLM (offline `LLM`, prefix
   caching off) from two `generate` calls on fresh prompts: max_tokens=1 (prefill) and max_tokens=--new
-  (decode = the difference).
+  (decode = the difference). No speculation on any side: these measure what a token costs.
 - rr: the RRMaj workload of bench/rr_workload.py (N=5, 3c2t, K=32, L=128, --questions x M=5).
   Byzantium through its protocol code (rr_workload.run_engine); transformers re-encoding every turn,
   all trajectories (rr_workload.run_naive, no sample); vLLM as one batched `generate` per turn over all
   live trajectories, prompt + shared reply re-sent, prefix caching on. Compared per generated token (the
   sides sample different trajectories, so their lengths differ; every run samples new ones on both sides).
-- sac: round 1 of bench/sac_round.py (n=7, F=3, --sac-problems problems). Byzantium in-process;
-  vLLM's OpenAI server (`vllm serve`) driven by the same protocol code through the openai backend,
-  one HTTP request per agent call, all of a round's calls concurrent (as the SAC reference does).
+- sac: round 1 of bench/sac_round.py (n=7, F=3, --sac-problems problems, new ones each repeat, the same
+  on every side). Byzantium in-process, each agent at its own pace (run_sac); vLLM's OpenAI server
+  (`vllm serve`) driven by the same protocol code through the openai backend, one HTTP request per agent
+  call, each phase's calls concurrent and the phases in lockstep (as the SAC reference issues them).
 - maj: MAJ, N=5 independent answers per question (3c2t, <= 128 tokens, temperature 0.7), all
   questions at once: Byzantium native, transformers (the hf backend, one request at a time), vLLM's server.
+
+The protocol workloads run each engine as it comes: Byzantium speculates (prompt lookup, on by default
+on the CPU), vLLM does not (its default); --vllm-speculative K gives vLLM its n-gram speculation with
+Byzantium's settings (K draft tokens, n-grams of 3-4), in the offline `LLM` and the server.
 
 Every (side, workload) is one worker process (vLLM's in its own venv: --vllm-python); the parent asks
 the workers for one run at a time, alternating sides within each repeat, so two engines never compute
@@ -94,10 +100,18 @@ def random_prompts(seed, batch, length, vocab):
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(batch)]
 
 
-def vllm_llm(spec, prefix_caching):
+def vllm_speculative(spec):
+    """vLLM's n-gram speculation with the drafter settings of Byzantium's (engine/speculation.py), or None."""
+    k = spec.get("vllm_speculative") or 0
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 3, "prompt_lookup_max": 4} if k else None
+
+
+def vllm_llm(spec, prefix_caching, speculate):
     from vllm import LLM
+    speculative = vllm_speculative(spec) if speculate else None
     return LLM(spec["model_dir"], dtype=spec["dtype"], enable_prefix_caching=prefix_caching,
-               max_model_len=spec["max_model_len"], max_num_seqs=spec["max_num_seqs"], seed=0)
+               max_model_len=spec["max_model_len"], max_num_seqs=spec["max_num_seqs"], seed=0,
+               **({"speculative_config": speculative} if speculative else {}))
 
 
 def vllm_throughput(llm, ids, new):
@@ -145,7 +159,7 @@ def vllm_worker(side, workload, spec):
     import torch
     import vllm
     from vllm import SamplingParams, TokensPrompt
-    llm = vllm_llm(spec, prefix_caching=workload == "rr")
+    llm = vllm_llm(spec, prefix_caching=workload == "rr", speculate=workload == "rr")
     llm.generate([TokensPrompt(prompt_token_ids=list(range(100, 164)))], SamplingParams(max_tokens=8), use_tqdm=False)
     answer(dict(ready=True, versions=dict(vllm=vllm.__version__, torch=torch.__version__)))
     for line in sys.stdin:
@@ -181,7 +195,7 @@ def project_worker(side, workload, spec):
     engine = hf = llm = None
     if workload == "throughput" and side == "byzantium":
         from byzantium import Engine
-        engine = Engine(model_dir, dtype=spec["dtype"], device="cpu")
+        engine = Engine(model_dir, dtype=spec["dtype"], device="cpu", num_speculative_tokens=0)
     elif workload == "throughput":
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, spec["dtype"])).eval()
@@ -189,14 +203,13 @@ def project_worker(side, workload, spec):
         from byzantium.backends.openai import OpenAILLM
         # the reference sends every call of a round at once: no client-side limit that would queue them
         llm = OpenAILLM(model_dir, base_url=spec["base_url"], max_concurrency=4096)
-    elif workload == "maj":
+    elif workload == "maj" or (workload == "sac" and side == "byzantium"):  # one engine for every run, as vLLM's server
         llm = load_llm(model_dir, backend="native" if side == "byzantium" else "hf", device="cpu", dtype=spec["dtype"])
     if llm is not None:  # a first call, so the timed runs find a warm engine (or server)
         asyncio.run(llm.chat([{"role": "user", "content": "What is 2 + 3?"}], SamplingParams(max_tokens=8)))
     answer(dict(ready=True, versions=versions))
 
     tasks = get_task("gen-arith", spec["questions"], seed=0)
-    sac_tasks = get_task("gen-arith", spec["sac_problems"], seed=0)
     for line in sys.stdin:
         job = json.loads(line)
         if workload == "throughput":
@@ -219,8 +232,11 @@ def project_worker(side, workload, spec):
             solve = SamplingParams(max_tokens=spec["solve_tokens"], temperature=0.0)
             judge = SamplingParams(max_tokens=spec["judge_tokens"], temperature=0.0)
             out = {}
+            # New problems each repeat (the same on every side): no run finds another run's prompts cached
+            sac_tasks = get_task("gen-arith", spec["sac_problems"], seed=job["seed"])
             for mode in spec["sac_modes"]:
-                r, _ = sac_round.run_native(model_dir, sac_tasks, mode, solve, judge, llm=llm, dtype=spec["dtype"])
+                r, _ = sac_round.run_native(model_dir, sac_tasks, mode, solve, judge, llm=llm, dtype=spec["dtype"],
+                                            lockstep=side == "vllm")
                 r.pop("records")
                 out[mode] = r
                 out[f"{mode}_seconds"] = r["seconds"]
@@ -281,6 +297,8 @@ def start_server(vllm_python, spec, port, log):
     # under the distribution name "vllm" and fails
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec["model_dir"], "--host", "127.0.0.1", "--port", str(port), "--dtype", spec["dtype"],
             "--max-model-len", str(spec["max_model_len"]), "--enable-prefix-caching", "--seed", "0"]
+    if vllm_speculative(spec):
+        cmd += ["--speculative-config", json.dumps(vllm_speculative(spec))]
     out = open(log.parent / f"{log.stem}.vllm-serve.log", "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV})
     deadline = time.time() + 600
@@ -386,7 +404,8 @@ def tables(results, sides):
     if "sac" in results:
         runs = results["sac"]["rows"][0]["runs"]
         lines += ["### SAC round 1 (wall s; lower is better)", "",
-                  "| mode | Byzantium (in-process) | vLLM server (one request per call, concurrent) | vLLM/Byz |",
+                  "| mode | Byzantium (in-process, agents at their own pace) | vLLM server (one request per call, "
+                  "phases in lockstep) | vLLM/Byz |",
                   "|---|---|---|---|"]
         for mode in results["sac"]["modes"]:
             b, v = metric(runs, "byzantium", f"{mode}_seconds"), metric(runs, "vllm", f"{mode}_seconds")
@@ -411,6 +430,8 @@ def main():
     ap.add_argument("--vllm-python", default=None,
                     help="python of a venv with vllm (default: this interpreter if it imports vllm, else skip)")
     ap.add_argument("--sides", default="byzantium,vllm,transformers")
+    ap.add_argument("--vllm-speculative", type=int, default=0, metavar="K",
+                    help="rr, sac, maj: vLLM with its n-gram speculation, K draft tokens (default 0: off, its default)")
     ap.add_argument("--port", type=int, default=8642)
     ap.add_argument("--note", default="", help="a line for the record (e.g. what else ran on the machine)")
     ap.add_argument("--out", default=str(HERE / "results" / "peers"))
@@ -457,6 +478,7 @@ def main():
     spec = dict(model_dir=model_dir, dtype=args.dtype, vocab=config["vocab_size"], questions=args.questions, m=5, k=32, max_len=128,
                 temperature=0.7, maj_tokens=128, sac_problems=args.sac_problems,
                 sac_modes=args.sac_modes.split(","), judge_tokens=64, solve_tokens=128,
+                vllm_speculative=args.vllm_speculative,
                 max_num_seqs=max(256, max(args.batches)), max_model_len=max(longest, 4096),
                 base_url=f"http://127.0.0.1:{args.port}")
     # vLLM's KV pool must hold the largest throughput batch at once (fp32: layers x 2 x kv heads x head dim x 4 B)
@@ -529,7 +551,9 @@ def main():
     lines = [f"## {started:%Y-%m-%d %H:%M} UTC: `{command}`", "",
              f"{cpu}, {os.cpu_count()} cores (AVX-512: {record['avx512']}, AVX512-BF16: {record['avx512_bf16']}, "
              f"AMX: {record['amx']}); {args.dtype}; vllm {vllm_version} "
-             f"({args.vllm_python}; sac/maj: its server, driven by the project's openai backend); byzantium "
+             f"({args.vllm_python}; sac/maj: its server, driven by the project's openai backend"
+             + (f"; n-gram speculation, {args.vllm_speculative} tokens" if args.vllm_speculative else "; no speculation")
+             + "); byzantium "
              f"{commit}{' + uncommitted changes' if dirty else ''}; "
              + "; ".join(f"{s}: " + ", ".join(f"{k} {x}" for k, x in d.items()) for s, d in v.items())
              + f". vLLM env: {' '.join(f'{k}={x}' for k, x in env_vllm.items())}. Load average (1 min) "

@@ -342,6 +342,8 @@ def add_serve_args(ap):
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="sequences one engine step may batch (default 256)")
+    ap.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                    help="prompt-lookup draft tokens a request may take a step (default 4 on CPU, 0 = off on CUDA)")
     ap.add_argument("--max-waiting", type=int, default=512,
                     help="requests a model may have waiting for a place in the batch; more get 429 (default 512)")
     ap.add_argument("--max-body-mb", type=float, default=8, help="largest request body in MiB; larger get 413 (default 8)")
@@ -363,7 +365,10 @@ def cmd_serve(args):
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
     for name in models:
         check_model(name)
-    engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    if args.num_speculative_tokens is not None and args.num_speculative_tokens < 0:
+        raise ValueError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
+    engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype),
+                                ("num_speculative_tokens", args.num_speculative_tokens)) if v is not None}
     serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
           args.max_sessions, max_num_seqs=args.max_num_seqs, **engine)
 

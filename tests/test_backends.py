@@ -161,15 +161,19 @@ def test_memory_and_eager_flags_reach_the_engines(tiny_llama):
 
     assert kwargs() == {}
     assert kwargs("--memory-fraction", "0.5", "--enforce-eager") == {"memory_fraction": 0.5, "enforce_eager": True}
+    assert kwargs("--num-speculative-tokens", "0") == {"num_speculative_tokens": 0}
     for argv, message in ((("--memory-fraction", "1.5"), "must be in"), (("--memory-fraction", "0"), "must be in"),
                           (("--backend", "hf", "--enforce-eager"), "for --backend native"),
+                          (("--num-speculative-tokens", "-1"), "must be >= 0"),
+                          (("--backend", "hf", "--num-speculative-tokens", "2"), "for --backend native"),
                           (("--backend", "openai", "--base-url", "http://x", "--memory-fraction", "0.5"),
                            "for --backend native")):
         with pytest.raises(ValueError, match=message):
             kwargs(*argv)
     _, path = tiny_llama
-    with LLMPool(backend="native", **kwargs("--enforce-eager", "--device", "cpu")) as pool:
-        assert pool.get(str(path)).engine.engine.enforce_eager
+    with LLMPool(backend="native", **kwargs("--enforce-eager", "--device", "cpu", "--num-speculative-tokens", "2")) as pool:
+        engine = pool.get(str(path)).engine.engine
+        assert engine.enforce_eager and engine.describe()["speculation"]["num_speculative_tokens"] == 2
 
 
 def test_tokenizerless_model_errors_and_same_tokenizer(tiny):

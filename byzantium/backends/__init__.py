@@ -231,6 +231,9 @@ def add_backend_args(ap):
                          "the run and capped by a share of RAM)")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="native on CUDA: decode without CUDA graphs (CPU engines are always eager)")
+    ap.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                    help="native: prompt-lookup draft tokens a request may take a step (the tokens stay those of "
+                         "plain decoding; default 4 on CPU, 0 = off, which is the default on CUDA)")
     ap.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                     help="run each model as replicas on Ray (pip install 'byzantium[ray]'): at ADDRESS (a cluster, "
                          "e.g. HOST:6379), or without one on a local Ray instance. Each problem runs on one replica; "
@@ -256,8 +259,14 @@ def pool_kwargs(args) -> dict:
             raise ValueError("--base-url is for --backend openai")
         kwargs = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
         fraction, eager = getattr(args, "memory_fraction", None), getattr(args, "enforce_eager", False)
-        if args.backend != "native" and (fraction is not None or eager):
-            raise ValueError(f"--memory-fraction and --enforce-eager are for --backend native, not {args.backend}")
+        speculative = getattr(args, "num_speculative_tokens", None)
+        if args.backend != "native" and (fraction is not None or eager or speculative is not None):
+            raise ValueError(f"--memory-fraction, --enforce-eager and --num-speculative-tokens are for --backend "
+                             f"native, not {args.backend}")
+        if speculative is not None:
+            if speculative < 0:
+                raise ValueError(f"--num-speculative-tokens must be >= 0, got {speculative}")
+            kwargs["num_speculative_tokens"] = speculative
         if fraction is not None:
             if not 0 < fraction <= 1:
                 raise ValueError(f"--memory-fraction must be in (0, 1], got {fraction}")
@@ -267,7 +276,7 @@ def pool_kwargs(args) -> dict:
         if ray is not None:
             kwargs.update(ray=ray, ray_replicas=args.ray_replicas, ray_gpus_per_replica=args.ray_gpus_per_replica)
         return kwargs
-    for flag in ("memory_fraction", "enforce_eager"):
+    for flag in ("memory_fraction", "enforce_eager", "num_speculative_tokens"):
         if getattr(args, flag, None) not in (None, False):
             raise ValueError(f"--{flag.replace('_', '-')} is for --backend native: the server plans its own memory")
     if not getattr(args, "base_url", None):
