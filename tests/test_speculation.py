@@ -181,3 +181,85 @@ def test_bad_speculation_settings_are_refused_before_loading(tiny_llama):
         Engine(tiny_llama[1], num_speculative_tokens=-1)
     with pytest.raises(ValueError, match="speculative_max_rows"):
         Engine(tiny_llama[1], speculative_max_rows=0)
+
+
+# -- identical contexts computed once (scheduler.riding) ---------------------------------------------
+
+def alone(engine, prompts, params):
+    """Each request on its own: nothing to ride on."""
+    return [run(engine, [p], q)[0] for p, q in zip(prompts, params)]
+
+
+@pytest.mark.parametrize("speculate", [0, 4])
+def test_identical_requests_ride_on_one_row_and_get_their_own_tokens(tiny_llama, speculate):
+    """Copies of one prompt: greedy ones stay together, sampled ones with other seeds part as they sample
+    other tokens (mid-block: their block is copied), and requests with other limits stop on their own;
+    every request's tokens are those it gets alone, with fewer rows computed."""
+    engine = Engine(tiny_llama[1], num_blocks=256, num_speculative_tokens=speculate)
+    prompt = random_prompts([21], seed=4)[0]
+    params = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=17, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=[77, 130]),
+              *[SamplingParams(max_tokens=40, temperature=0.9, seed=s, ignore_eos=True) for s in (1, 2, 3)],
+              # penalties make greedy copies part after a while, each at its own token
+              *[SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, frequency_penalty=f) for f in (0.5, 2.0)]]
+    prompts = [prompt] * len(params) + [random_prompts([13], seed=5)[0]]
+    params.append(SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    engine.reset_stats()
+    together = run_each(engine, prompts, params)
+    s = dict(engine.stats)
+    assert together == alone(engine, prompts, params)
+    assert s["shared_decode_tokens"] > 3 * 16  # the greedy copies rode on one row
+    # The stats count every request's tokens: a reply of k tokens, k - 1 of them from decoding.
+    assert s["decode_tokens"] == sum(len(t[0]) - 1 for t in together)
+
+
+def run_each(engine, prompts, params):
+    outs = engine.generate(prompts, params)
+    return [(o.token_ids, o.text, o.finish_reason, o.logprobs) for o in outs]
+
+
+def test_riders_in_a_small_pool_get_their_own_tokens(tiny_llama):
+    """Copies that part at different tokens (greedy, other penalties) in a pool too small for all of them:
+    copies, preemptions and recomputes, and the tokens each request gets alone."""
+    prompt = random_prompts([20], seed=6)[0]
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, frequency_penalty=f)
+              for f in (0.0, 0.5, 1.0, 2.0)]
+    small = Engine(tiny_llama[1], num_blocks=6, block_size=16, num_speculative_tokens=0)
+    big = Engine(tiny_llama[1], num_blocks=256, num_speculative_tokens=0)
+    assert run_each(small, [prompt] * 4, params) == alone(big, [prompt] * 4, params)
+    assert small.stats["shared_decode_tokens"] > 0 and small.stats["preemptions"] > 0
+
+
+def test_unshare_copies_the_block_written_next_or_refuses_without_a_free_one():
+    from byzantium.engine.kv_cache import BlockManager
+    blocks = BlockManager(num_blocks=4, block_size=4)
+    leader, rider = seq_of(list(range(10))), seq_of(list(range(10)))
+    blocks.allocate(leader, 10)
+    leader.num_computed = rider.num_computed = 9
+    blocks.share(rider, leader)
+    assert rider.block_table == leader.block_table and blocks.ref_counts[:3] == [2, 2, 2]
+    copies = []
+    assert blocks.unshare(rider, lambda src, dst: copies.append((src, dst)))
+    # Position 9 lies in block 2: it is copied into the free block; blocks 0 and 1 stay shared.
+    assert copies == [(leader.block_table[2], 3)] and rider.block_table == leader.block_table[:2] + [3]
+    assert blocks.ref_counts == [2, 2, 1, 1] and blocks.num_free == 0
+    other = seq_of(list(range(10)))
+    other.num_computed = 9
+    blocks.share(other, leader)
+    assert not blocks.unshare(other, lambda src, dst: copies.append((src, dst)))  # nothing free: unchanged
+    assert other.block_table == leader.block_table and len(copies) == 1
+
+
+def test_a_prefix_cache_hit_after_riding_reads_the_right_blocks(tiny_llama):
+    engine = Engine(tiny_llama[1], num_blocks=256)
+    prompt = random_prompts([18], seed=7)[0]
+    greedy = SamplingParams(max_tokens=45, temperature=0.0, ignore_eos=True)
+    first = engine.generate([prompt] * 3, greedy)
+    assert len({tuple(o.token_ids) for o in first}) == 1
+    longer = prompt + first[0].token_ids + [3, 4]
+    engine.reset_stats()
+    again = run(engine, [longer], greedy)
+    assert engine.stats["cached_tokens"] >= 3 * 16
+    assert again == run(Engine(tiny_llama[1], num_blocks=256), [longer], greedy)

@@ -423,6 +423,7 @@ class Engine:
         if rows:
             ended += self.postprocess(rows, seqs, logits)
             step_rows = [(row.seq.tag, row.phase, row.num_tokens, row.seq.seq_id) for row in rows if not row.wasted]
+            step_rows += self._riders_rows  # the tokens of the requests that rode on a row (stats: by tag too)
             self._stats.record(start, time.perf_counter() - start, step_rows, len({r.seq.seq_id for r in rows}),
                                self.block_manager.num_used,
                                cached_tokens, cache_hits, phase_seconds=phase_seconds)
@@ -541,7 +542,8 @@ class Engine:
     def postprocess(self, rows, seqs, logits):
         """After a forward pass: the rows' tokens are computed; each sequence a row ended (`seqs`, one
         `logits` row each; a speculative step's sequence one per row) gets its logits (a logits request) or
-        its next tokens, and may finish. Returns the requests that finished (or failed: sampling raised)."""
+        its next tokens, and may finish; so does each sequence riding on it (scheduler.riding), from the
+        same logits. Returns the requests that finished (or failed: sampling raised)."""
         drafts, verifying = {}, {}
         for row in rows:
             row.seq.num_computed = row.end
@@ -555,46 +557,63 @@ class Engine:
                 groups[-1][1].append(i)
             else:
                 groups.append((seq, [i]))
-        finished, to_sample = [], []
+        finished, to_sample, riders = [], [], []
         for seq, index in groups:
             if seq.logits_only:
                 seq.logits, seq.finish_reason = logits[index[0]].cpu(), "logits"
                 finished.append(seq)
-            else:
-                seq.num_computed = min(seq.num_computed, len(seq))  # a speculative step: up to its newest token
-                to_sample.append((seq, index, drafts.get(seq.seq_id, [])))
+                continue
+            draft = drafts.get(seq.seq_id, [])
+            to_sample.append((seq, index, draft, True))
+            for rider in self.scheduler.riding.get(seq.seq_id, ()):
+                to_sample.append((rider, index, draft, False))
+                riders.append((rider, seq, len(rider)))
+        for seq, _, _, _ in to_sample:
+            seq.num_computed = len(seq)  # every token it had is computed now (riders: by their leader's rows)
         failed = []
         position = 0
         while to_sample:  # the rows of a sequence's step in turn: plain steps take one round, drafts more
-            sampled = [seq for seq, _, _ in to_sample]
+            sampled = [seq for seq, _, _, _ in to_sample]
             try:
-                tokens, logprobs = self._sample(logits, [index[position] for _, index, _ in to_sample], sampled)
+                tokens, logprobs = self._sample(logits, [index[position] for _, index, _, _ in to_sample], sampled)
             except Exception as error:  # noqa: BLE001 - e.g. NaN logits: these requests fail, not the engine
                 logger.error("byzantium: sampling failed for %d requests (%s: %s)", len(sampled), type(error).__name__, error)
                 failed += self._fail((seq, error) for seq in sampled)
                 break
             going = []
-            for (seq, index, draft), token, lp in zip(to_sample, tokens, logprobs):
+            for (seq, index, draft, own), token, lp in zip(to_sample, tokens, logprobs):
                 seq.token_ids.append(token)
+                seq.num_computed = len(seq) - 1  # accepted drafts' K/V are computed, the newest token's not
                 if lp is not None:
                     seq.logprobs.append(lp)
                 accepted = position < len(draft) and token == draft[position]
-                self._stats.totals["accepted_draft_tokens"] += accepted
-                if draft:
-                    seq.num_computed = len(seq) - 1  # the accepted drafts' K/V are computed, the newest token's not
+                self._stats.totals["accepted_draft_tokens"] += accepted and own
                 if self._check_stop(seq, token):
                     finished.append(seq)
                 elif accepted:  # the draft is the token sampled: the next row's logits follow from it
-                    going.append((seq, index, draft))
+                    going.append((seq, index, draft, own))
             to_sample, position = going, position + 1
         for draft in drafts.values():
             self._stats.totals["draft_tokens"] += len(draft)
         for seq, before, verify_rows in verifying.values():  # row i gave the step's i-th token, if it got that far
             for row in verify_rows[len(seq) - before:]:
                 row.wasted = True
+        self._riders_rows = []
+        ended = {id(seq) for seq in finished + failed}
+        for rider, leader, before in riders:
+            if len(rider) > before:
+                self._riders_rows.append((rider.tag, "decode", len(rider) - before, rider.seq_id))
+                self._stats.totals["shared_decode_tokens"] += len(rider) - before
+            # A rider that sampled other tokens than its leader writes elsewhere from now on.
+            if id(rider) not in ended and rider.token_ids != leader.token_ids:
+                if not self.block_manager.unshare(rider, self._copy_block):
+                    self.scheduler.preempt(rider)  # no free block for its copy: recomputed later
         for seq in finished:
             self.scheduler.remove(seq)
         return finished + failed
+
+    def _copy_block(self, src, dst):
+        self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
 
     def _sample(self, logits, index, seqs):
         if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)

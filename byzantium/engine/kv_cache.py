@@ -129,10 +129,44 @@ class BlockManager:
     def release(self, seq):
         """Drop the sequence's references; blocks nobody uses go back to the free list."""
         for block in reversed(seq.block_table):  # tail blocks first: they are the least likely to be shared
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free[block] = None
-                if self.hashes[block] is None:
-                    self.free.move_to_end(block, last=False)  # nothing cached in it: reuse it first
+            self._drop(block)
         seq.block_table, seq.block_hashes = [], []
         seq.num_computed = 0
+
+    def _drop(self, block):
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free[block] = None
+            if self.hashes[block] is None:
+                self.free.move_to_end(block, last=False)  # nothing cached in it: reuse it first
+
+    # -- identical contexts (the scheduler's riders) --------------------------------------------------
+    def share(self, seq, other):
+        """seq, whose tokens are other's, holds other's blocks instead of its own (the same K/V)."""
+        for block in other.block_table:
+            self.ref_counts[block] += 1
+        computed = seq.num_computed
+        self.release(seq)
+        seq.block_table, seq.block_hashes = list(other.block_table), list(other.block_hashes)
+        seq.num_computed = computed
+
+    def unshare(self, seq, copy_block):
+        """seq parts from the sequences it shared blocks with: the block it writes next becomes its own
+        (copy_block(src, dst) copies the K/V computed so far) and the blocks after it are dropped. Returns
+        False, changing nothing, when no block is free for the copy."""
+        bs, p = self.block_size, seq.num_computed
+        keep = -(-p // bs)  # the blocks that hold positions before p
+        copy = p % bs and self.ref_counts[seq.block_table[keep - 1]] > 1
+        if copy and not self.free:
+            return False
+        for block in seq.block_table[keep:]:
+            self._drop(block)
+        del seq.block_table[keep:]
+        del seq.block_hashes[p // bs:]
+        if copy:
+            src = seq.block_table[-1]
+            seq.block_table.pop()
+            self.allocate(seq, keep * bs)
+            copy_block(src, seq.block_table[-1])
+            self._drop(src)
+        return True

@@ -7,6 +7,12 @@ blocks are released and it is recomputed later (its finished blocks often come b
 cache). Sessions are pinned: they keep their blocks and are never preempted. With a drafter
 (speculation.py), a decoding request may also take its draft tokens, while the step's rows stay within
 the drafter's max_rows and the drafts fit in free blocks.
+
+Decoding requests whose tokens are identical (the same prompt, the same tokens sampled so far: judges of
+one answer, greedy copies of one call) are computed once: the first of them takes the row, the others ride
+on it (`riding`): they hold its blocks and are sampled from its logits, each with its own noise, so their
+tokens are what their own rows would have given. A rider that samples another token parts at once (the
+engine's postprocess: BlockManager.unshare).
 """
 from collections import deque
 
@@ -18,6 +24,7 @@ class Scheduler:
         self.blocks = block_manager
         self.max_num_seqs, self.max_batch_tokens = max_num_seqs, max_batch_tokens
         self.drafter, self.max_model_len = drafter, max_model_len
+        self.riding = {}  # this step: leader seq_id -> the sequences riding on its rows
         self.waiting = deque()
         self.running = []
         self.num_preemptions = 0
@@ -51,13 +58,23 @@ class Scheduler:
     def schedule(self):
         """Return the next step's rows: running sequences first, then newly admitted prefill chunks."""
         budget = self.max_batch_tokens
-        draft_rows = self.drafter.max_rows - len(self.running) if self.drafter is not None else 0
-        batch = []
+        keys = {id(seq): self._context(seq) for seq in self.running
+                if seq.num_uncomputed == 1 and self._decoding(seq) and not seq.pinned}
+        # Drafts fill the step up to max_rows, counting a row for each distinct context that decodes.
+        draft_rows = self.drafter.max_rows - len(set(keys.values())) - (len(self.running) - len(keys)) \
+            if self.drafter is not None else 0
+        batch, leaders, self.riding = [], {}, {}
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_uncomputed, budget)
             if n == 0:
+                continue
+            key = keys.get(id(seq)) if n == 1 else None
+            leader = leaders.get(key)
+            if leader is not None and leader.token_ids == seq.token_ids:
+                self.blocks.share(seq, leader)
+                self.riding[leader.seq_id].append(seq)
                 continue
             drafts = self._drafts(seq, min(draft_rows, budget - 1)) if draft_rows > 0 and n == 1 else []
             if not self._make_room(seq, seq.num_computed + n + len(drafts), batch):
@@ -65,6 +82,8 @@ class Scheduler:
             self._take(seq, n, batch, drafts)
             budget -= n + len(drafts)
             draft_rows -= len(drafts)
+            if key is not None:
+                leaders[key], self.riding[seq.seq_id] = seq, []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits, hashes = ([], []) if seq.block_table else self.blocks.match_prefix(seq.token_ids)
@@ -90,11 +109,21 @@ class Scheduler:
                 "running requests that cannot be preempted; raise num_blocks or close sessions")
         return batch
 
+    @staticmethod
+    def _decoding(seq):
+        """Its next row feeds a sampled token (not a prompt's last token, a recompute, a scoring request)."""
+        return not seq.logits_only and seq.params is not None and seq.num_computed >= seq.output_start
+
+    def _context(self, seq):
+        """A key naming seq's tokens: the chain hash of its hashed blocks and the tokens after them."""
+        hashed = len(seq.block_hashes)
+        return len(seq), seq.block_hashes[-1] if hashed else b"", tuple(seq.token_ids[hashed * self.blocks.block_size:])
+
     def _drafts(self, seq, k):
         """A decoding request's draft tokens: at most k, none past its max_tokens or the model's length, and
         only if their blocks are free (drafts never preempt anyone)."""
-        if seq.logits_only or seq.params is None or seq.num_computed < seq.output_start:
-            return []  # not decoding: a prompt's last token, a recompute, a scoring request
+        if not self._decoding(seq):
+            return []
         k = min(k, self.drafter.num_tokens, seq.params.max_tokens - seq.num_output - 1,
                 (self.max_model_len or len(seq) + k + 1) - len(seq) - 1)
         drafts = self.drafter.propose(seq, k) if k > 0 else []
@@ -113,7 +142,7 @@ class Scheduler:
 
     def _make_room(self, seq, num_tokens, batch):
         """Free blocks for seq by preempting the newest unpinned running sequences not in this batch."""
-        scheduled = {id(row.seq) for row in batch}
+        scheduled = {id(row.seq) for row in batch} | {id(s) for riders in self.riding.values() for s in riders}
         while self.blocks.blocks_needed(seq, num_tokens) > self.blocks.num_free:
             victims = [s for s in self.running if not s.pinned and id(s) not in scheduled]
             victim = victims[-1] if victims else None
