@@ -2,7 +2,7 @@
 
     python bench/peers.py --vllm-python /tmp/vllm-venv/bin/python \\
         [--workloads throughput,rr,sac,maj] [--batches 1,8,32,64] [--prompt-lens 128,1024] [--new 64] \\
-        [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--dtype float32] \\
+        [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--sac-temperature 0] [--dtype float32] \\
         [--vllm-speculative K]
 
 Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
@@ -229,8 +229,10 @@ def project_worker(side, workload, spec):
                 out = rr_workload.run_naive(model_dir, tasks, *cfg, 0, dtype=spec["dtype"])["measured"]  # all of them
             out["gen_tok_s"] = out["generated_tokens"] / out["seconds"]
         elif workload == "sac":
-            solve = SamplingParams(max_tokens=spec["solve_tokens"], temperature=0.0)
-            judge = SamplingParams(max_tokens=spec["judge_tokens"], temperature=0.0)
+            # greedy by default (both sides then write the same replies); the paper samples at 0.1, every
+            # call with its own seed (run_sac), so the sides' replies and their lengths differ
+            solve = SamplingParams(max_tokens=spec["solve_tokens"], temperature=spec["sac_temperature"])
+            judge = SamplingParams(max_tokens=spec["judge_tokens"], temperature=spec["sac_temperature"])
             out = {}
             # New problems each repeat (the same on every side): no run finds another run's prompts cached
             sac_tasks = get_task("gen-arith", spec["sac_problems"], seed=job["seed"])
@@ -403,13 +405,16 @@ def tables(results, sides):
         lines.append("")
     if "sac" in results:
         runs = results["sac"]["rows"][0]["runs"]
-        lines += ["### SAC round 1 (wall s; lower is better)", "",
+        temperature = results["sac"].get("temperature", 0.0)
+        lines += [f"### SAC round 1 (wall s; lower is better; temperature {temperature:g})", "",
                   "| mode | Byzantium (in-process, agents at their own pace) | vLLM server (one request per call, "
-                  "phases in lockstep) | vLLM/Byz |",
-                  "|---|---|---|---|"]
+                  "phases in lockstep) | vLLM/Byz | decode tokens (Byzantium / vLLM) |",
+                  "|---|---|---|---|---|"]
         for mode in results["sac"]["modes"]:
             b, v = metric(runs, "byzantium", f"{mode}_seconds"), metric(runs, "vllm", f"{mode}_seconds")
-            lines.append(f"| {mode} | {fmt(b, 1)} | {fmt(v, 1)} | {ratio(v, b)} |")
+            tokens = [summary([r[mode]["decode_tokens"] for r in runs.get(side, [])]) if runs.get(side) else None
+                      for side in ("byzantium", "vllm")]
+            lines.append(f"| {mode} | {fmt(b, 1)} | {fmt(v, 1)} | {ratio(v, b)} | {fmt(tokens[0])} / {fmt(tokens[1])} |")
         lines.append("")
     return lines
 
@@ -424,6 +429,8 @@ def main():
     ap.add_argument("--questions", type=int, default=8, help="gen-arith questions of rr and maj")
     ap.add_argument("--sac-problems", type=int, default=4)
     ap.add_argument("--sac-modes", default="generate,logprob")
+    ap.add_argument("--sac-temperature", type=float, default=0.0,
+                    help="sac: the solve, judge and refine temperature (default 0: greedy; the paper's is 0.1)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                     help="every side's dtype (weights, activations, KV cache); bfloat16: the CPU's bf16 units where "
                          "it has them")
@@ -478,6 +485,7 @@ def main():
     spec = dict(model_dir=model_dir, dtype=args.dtype, vocab=config["vocab_size"], questions=args.questions, m=5, k=32, max_len=128,
                 temperature=0.7, maj_tokens=128, sac_problems=args.sac_problems,
                 sac_modes=args.sac_modes.split(","), judge_tokens=64, solve_tokens=128,
+                sac_temperature=args.sac_temperature,
                 vllm_speculative=args.vllm_speculative,
                 max_num_seqs=max(256, max(args.batches)), max_model_len=max(longest, 4096),
                 base_url=f"http://127.0.0.1:{args.port}")
@@ -515,7 +523,8 @@ def main():
                 print("starting vllm serve ...", flush=True)
                 server = start_server(args.vllm_python, spec, args.port, log)
             print(f"{workload}: {', '.join(wl_sides)}", flush=True)
-            results[workload] = dict(rows=[], modes=spec["sac_modes"]) if workload == "sac" else dict(rows=[])
+            results[workload] = dict(rows=[], modes=spec["sac_modes"], temperature=spec["sac_temperature"]) \
+                if workload == "sac" else dict(rows=[])
             try:
                 run_workload(workload, wl_sides, pythons, spec, args, log, env_vllm, results[workload])
             except RuntimeError as error:  # one failed side or workload does not lose the others' numbers
