@@ -3,6 +3,7 @@ SmolLM2) that a speculating engine gives exactly the tokens (and log-probabiliti
 token a step, greedy and sampled, with stops, penalties, prefix-cache hits and sessions, while its drafts
 are taken and steps saved."""
 import pytest
+import torch
 
 from byzantium import Engine, SamplingParams
 from byzantium.engine.sequence import Sequence
@@ -263,3 +264,26 @@ def test_a_prefix_cache_hit_after_riding_reads_the_right_blocks(tiny_llama):
     again = run(engine, [longer], greedy)
     assert engine.stats["cached_tokens"] >= 3 * 16
     assert again == run(Engine(tiny_llama[1], num_blocks=256), [longer], greedy)
+
+
+def test_identical_prompts_admitted_together_are_prefilled_once(tiny_llama):
+    """Copies of a prompt arriving together: one prefill row, the others ride on it from their first token
+    (generation) or take its logits (scoring); each gets what it gets alone."""
+    engine = Engine(tiny_llama[1], num_blocks=256, num_speculative_tokens=0)
+    prompt = random_prompts([37], seed=8)[0]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0.8, seed=4, ignore_eos=True, logprobs=1),
+              SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)]
+    engine.reset_stats()
+    together = run_each(engine, [prompt] * 3, params)
+    s = dict(engine.stats)
+    assert together == alone(engine, [prompt] * 3, params)
+    assert s["prefill_tokens"] == 37 and s["shared_prefill_tokens"] == 2 * 37  # one row for three prompts
+    assert s["decode_tokens"] == sum(len(t[0]) - 1 for t in together)
+    scored, other = random_prompts([37, 37], seed=9)
+    engine.reset_stats()
+    logits = engine.logits([scored, other, scored, scored])
+    assert engine.stats["prefill_tokens"] == 2 * 37 and engine.stats["shared_prefill_tokens"] == 2 * 37
+    assert logits[0].equal(logits[2]) and logits[0].equal(logits[3]) and not logits[0].equal(logits[1])
+    for got, p in zip(logits, [scored, other]):  # alone (its prefix now from the cache: other kernels, same values)
+        assert torch.allclose(got, engine.logits([p])[0], atol=1e-5)

@@ -424,7 +424,8 @@ class Engine:
             ended += self.postprocess(rows, seqs, logits)
             step_rows = [(row.seq.tag, row.phase, row.num_tokens, row.seq.seq_id) for row in rows if not row.wasted]
             step_rows += self._riders_rows  # the tokens of the requests that rode on a row (stats: by tag too)
-            self._stats.record(start, time.perf_counter() - start, step_rows, len({r.seq.seq_id for r in rows}),
+            riders = sum(map(len, self.scheduler.riding.values()))  # served by the step without rows of their own
+            self._stats.record(start, time.perf_counter() - start, step_rows, len({r.seq.seq_id for r in rows}) + riders,
                                self.block_manager.num_used,
                                cached_tokens, cache_hits, phase_seconds=phase_seconds)
         return ended
@@ -544,9 +545,10 @@ class Engine:
         `logits` row each; a speculative step's sequence one per row) gets its logits (a logits request) or
         its next tokens, and may finish; so does each sequence riding on it (scheduler.riding), from the
         same logits. Returns the requests that finished (or failed: sampling raised)."""
-        drafts, verifying = {}, {}
+        drafts, verifying, last_row = {}, {}, {}
         for row in rows:
             row.seq.num_computed = row.end
+            last_row[row.seq.seq_id] = row
             if row.verify:
                 verifying.setdefault(row.seq.seq_id, [row.seq, len(row.seq), []])[2].append(row)
             if row.token is not None:
@@ -562,12 +564,16 @@ class Engine:
             if seq.logits_only:
                 seq.logits, seq.finish_reason = logits[index[0]].cpu(), "logits"
                 finished.append(seq)
+                for rider in self.scheduler.riding.get(seq.seq_id, ()):  # the same scoring prompt
+                    rider.logits, rider.finish_reason = seq.logits, "logits"
+                    finished.append(rider)
+                    self._stats.totals["shared_prefill_tokens"] += last_row[seq.seq_id].num_tokens
                 continue
             draft = drafts.get(seq.seq_id, [])
             to_sample.append((seq, index, draft, True))
             for rider in self.scheduler.riding.get(seq.seq_id, ()):
                 to_sample.append((rider, index, draft, False))
-                riders.append((rider, seq, len(rider)))
+                riders.append((rider, seq, len(rider), last_row[seq.seq_id]))
         for seq, _, _, _ in to_sample:
             seq.num_computed = len(seq)  # every token it had is computed now (riders: by their leader's rows)
         failed = []
@@ -600,8 +606,10 @@ class Engine:
                 row.wasted = True
         self._riders_rows = []
         ended = {id(seq) for seq in finished + failed}
-        for rider, leader, before in riders:
-            if len(rider) > before:
+        for rider, leader, before, row in riders:
+            if row.phase == "prefill":  # a prompt it did not compute; its first token is not a decode token
+                self._stats.totals["shared_prefill_tokens"] += row.num_tokens
+            elif len(rider) > before:
                 self._riders_rows.append((rider.tag, "decode", len(rider) - before, rider.seq_id))
                 self._stats.totals["shared_decode_tokens"] += len(rider) - before
             # A rider that sampled other tokens than its leader writes elsewhere from now on.

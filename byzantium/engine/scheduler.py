@@ -8,10 +8,11 @@ cache). Sessions are pinned: they keep their blocks and are never preempted. Wit
 (speculation.py), a decoding request may also take its draft tokens, while the step's rows stay within
 the drafter's max_rows and the drafts fit in free blocks.
 
-Decoding requests whose tokens are identical (the same prompt, the same tokens sampled so far: judges of
-one answer, greedy copies of one call) are computed once: the first of them takes the row, the others ride
-on it (`riding`): they hold its blocks and are sampled from its logits, each with its own noise, so their
-tokens are what their own rows would have given. A rider that samples another token parts at once (the
+Requests whose tokens are identical (the same prompt, the same tokens sampled so far: judges of one
+answer, greedy copies of one call) are computed once: the first of them takes the row, the others ride on
+it (`riding`): they hold its blocks and are sampled from its logits (or given them: scoring requests),
+each with its own noise, so their tokens are what their own rows would have given. That holds for decoding
+requests and for prompts admitted in the same step as an identical one whose row finishes its prompt. A rider that samples another token parts at once (the
 engine's postprocess: BlockManager.unshare).
 """
 from collections import deque
@@ -84,8 +85,21 @@ class Scheduler:
             draft_rows -= len(drafts)
             if key is not None:
                 leaders[key], self.riding[seq.seq_id] = seq, []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        prompts = {}  # (logits only, tokens) -> a request admitted in this step whose row ends its prompt
+        while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            twin = prompts.get((seq.logits_only, tuple(seq.token_ids))) if not (seq.block_table or seq.pinned) else None
+            if twin is not None:  # the same prompt: it rides on twin's row
+                self.waiting.popleft()
+                self.blocks.share(seq, twin)
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = twin.num_cached_tokens
+                seq.status = Status.RUNNING
+                self.running.append(seq)
+                self.riding[twin.seq_id].append(seq)
+                continue
+            if budget <= 0:
+                break
             hits, hashes = ([], []) if seq.block_table else self.blocks.match_prefix(seq.token_ids)
             computed = len(hits) * self.blocks.block_size if hits else seq.num_computed
             n = min(len(seq) - computed, budget)
@@ -103,6 +117,9 @@ class Scheduler:
             self.running.append(seq)
             self._take(seq, n, batch)
             budget -= n
+            if seq.num_computed + n == len(seq) and not seq.pinned:
+                prompts.setdefault((seq.logits_only, tuple(seq.token_ids)), seq)
+                self.riding.setdefault(seq.seq_id, [])
         if not batch and self.has_work():
             raise RuntimeError(
                 "the KV cache cannot hold the next request: every block is held by open sessions or "

@@ -113,7 +113,7 @@ class EngineStats:
         self.totals = dict(prefill_tokens=0, decode_tokens=0, cached_tokens=0, cache_hits=0, ns=0, prefill_ns=0,
                            decode_ns=0, steps=0, max_batch_seqs=0, max_batch_tokens=0, max_kv_blocks=0,
                            preemptions=0, requests=0, draft_tokens=0, accepted_draft_tokens=0,
-                           shared_decode_tokens=0)
+                           shared_decode_tokens=0, shared_prefill_tokens=0)
 
     def record(self, start, seconds, rows, num_seqs, kv_blocks_used, cached_tokens, cache_hits, phase_seconds=None):
         """One forward pass. rows: (tag, phase, num_tokens[, request id]) per scheduled sequence;
