@@ -12,8 +12,8 @@ Requests whose tokens are identical (the same prompt, the same tokens sampled so
 answer, greedy copies of one call) are computed once: the first of them takes the row, the others ride on
 it (`riding`): they hold its blocks and are sampled from its logits (or given them: scoring requests),
 each with its own noise, so their tokens are what their own rows would have given. That holds for decoding
-requests and for prompts admitted in the same step as an identical one whose row finishes its prompt. A rider that samples another token parts at once (the
-engine's postprocess: BlockManager.unshare).
+requests and for prompts admitted in the same step as an identical one whose row finishes its prompt. A
+rider that samples another token parts at once (the engine's postprocess: BlockManager.unshare).
 """
 from collections import deque
 
