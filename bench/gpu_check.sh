@@ -9,10 +9,12 @@
 #    against the torch reference in fp32, fp16, bf16; the engine's greedy tokens, Triton vs torch backend),
 #    attention microbenchmarks (bench/kernel_bench.py), engine decode throughput vs transformers generate.
 #    Writes gpu_check.md.
-# 2. The lean CUDA step (issue 14; --skip-step): tests/test_cuda_step.py and tests/test_device_sampling.py
-#    on CUDA, then bench/cuda_step.py: decode tok/s eager vs CUDA graphs at batch 1, 64, 256 vs transformers
-#    generate and the card's HBM peak, prefill TFLOP/s vs its bf16 peak, host syncs per decode step, two
-#    models planned onto one GPU (LLMPool.plan). Appends to gpu.md.
+# 2. The lean CUDA step (issue 14; --skip-step): tests/test_cuda_step.py, tests/test_device_sampling.py and
+#    tests/test_speculation.py (drafts verified in a step, identical contexts computed once; speculation
+#    stays off by default on CUDA until these pass there) on CUDA, then bench/cuda_step.py: decode tok/s
+#    eager vs CUDA graphs at batch 1, 64, 256 vs transformers generate and the card's HBM peak, prefill
+#    TFLOP/s vs its bf16 peak, host syncs per decode step, two models planned onto one GPU (LLMPool.plan).
+#    Appends to gpu.md.
 # 3. Parity of the newer architectures (--skip-parity): their tests run on CUDA when torch sees one.
 #
 # Reports go to $OUT (bench/results/ when $OUT is unset); all of them are printed last.
@@ -57,10 +59,10 @@ fi
 
 if [ "$run_step" -eq 1 ]; then
     # The step's own tests on CUDA: real graphs vs eager, the Triton kernels on graph-shaped metadata, the
-    # device sampler on CUDA tensors (on the CPU they run in the normal test suite).
+    # device sampler on CUDA tensors, speculation and riding (on the CPU they run in the normal test suite).
     stage 180 "$out_dir/cuda_step_tests.log" python -m pytest -q -p no:cacheprovider tests/test_cuda_step.py \
-        tests/test_device_sampling.py
-    echo "## CUDA step tests (tests/test_cuda_step.py tests/test_device_sampling.py)"
+        tests/test_device_sampling.py tests/test_speculation.py
+    echo "## CUDA step tests (tests/test_cuda_step.py tests/test_device_sampling.py tests/test_speculation.py)"
     tail -n 5 "$out_dir/cuda_step_tests.log"
     echo
     stage 300 "$out_dir/cuda_step.log" python bench/cuda_step.py --out "$out_dir"
