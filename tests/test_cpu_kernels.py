@@ -284,13 +284,46 @@ def test_prefill_attention_reads_a_bf16_cache_and_rejects_bad_calls():
                                rtol=1e-5, atol=1e-5)
     out = cpu.append_prefill_attention(q.bfloat16(), k16, v16, cu, lengths, tables, 0.125)
     assert out.dtype == torch.bfloat16
-    with pytest.raises(RuntimeError, match="fp32 queries"):
-        ext.paged_prefill_attention(q.bfloat16(), k16, v16, cu, lengths, tables, 0.125)
+    with pytest.raises(RuntimeError, match="fp32 queries"):  # bf16 queries only with a bf16 cache
+        ext.paged_prefill_attention(q.bfloat16(), k_cache, v_cache, cu, lengths, tables, 0.125)
     with pytest.raises(RuntimeError, match="has 60 new tokens and length 50"):
         ext.paged_prefill_attention(q, k_cache, v_cache, cu, torch.tensor([50, 35], dtype=torch.int32), tables, 0.1)
     with pytest.raises(RuntimeError, match="cu_seqlens_q"):
         ext.paged_prefill_attention(q[:-1], k_cache, v_cache, cu, lengths, tables, 0.1)
     assert not ext.prefill_supported(60)
+
+
+@needs_avx512
+@pytest.mark.skipif(ext is None or not ext.avx512_bf16_supported(), reason="no avx512_bf16 on this CPU")
+@pytest.mark.parametrize("new_tokens, cached, num_heads, num_kv_heads, head_dim, block_size", [
+    ([128], [0], 9, 3, 64, 16),
+    ([100, 3, 0, 77], [0, 40, 9, 300], 9, 3, 64, 16),
+    ([70, 33], [0, 12], 4, 4, 128, 32),
+    ([50, 9], [5, 0], 16, 2, 32, 1),
+    ([40], [3], 2, 1, 80, 8),                    # head_dim not a multiple of 16
+    ([300], [0], 6, 2, 64, 16),
+])
+def test_prefill_attention_with_bf16_queries_scores_with_bf16_dot_products(new_tokens, cached, num_heads,
+                                                                          num_kv_heads, head_dim, block_size):
+    """bf16 queries and cache: scores from bf16 dot products (exact products, fp32 sums), bf16 output. Within
+    bf16 rounding of the fp32 kernel given the same bf16 values, and nearly always the same bf16 number."""
+    from byzantium.kernels import cpu, reference
+    q, k_cache, v_cache, cu, lengths, tables = prefill_case(new_tokens, cached, num_heads, num_kv_heads, head_dim,
+                                                            block_size, seed=sum(new_tokens) + 7)
+    q16, k16, v16 = q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16()
+    scale = head_dim ** -0.5
+    got = ext.paged_prefill_attention(q16, k16, v16, cu, lengths, tables, scale)
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got.float()).all()
+    want = reference.append_prefill_attention(q16.float(), k16.float(), v16.float(), cu, lengths, tables, scale)
+    torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=8e-3)  # one bf16 rounding of the output
+    fp32_path = ext.paged_prefill_attention(q16.float(), k16, v16, cu, lengths, tables, scale).bfloat16()
+    assert (got != fp32_path).float().mean() < 0.02
+    # The engine's CPU attention takes this path for a bf16 model, and a row's output does not depend on
+    # the other sequences in the call.
+    assert torch.equal(cpu.append_prefill_attention(q16, k16, v16, cu, lengths, tables, scale), got)
+    first = int(cu[1])
+    alone = ext.paged_prefill_attention(q16[:first], k16, v16, cu[:2], lengths[:1], tables[:1], scale)
+    assert torch.equal(alone, got[:first])
 
 
 def test_prefill_without_the_kernel_goes_to_the_reference(monkeypatch):

@@ -101,6 +101,8 @@ def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, sca
     if not ext.prefill_supported(q.shape[-1]):
         return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
                                                    window)
+    if q.dtype == k_cache.dtype == torch.bfloat16 and ext.avx512_bf16_supported():  # bf16 dot products, bf16 out
+        return ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     return ext.paged_prefill_attention(q.float(), k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
                                        scale).to(q.dtype)
 

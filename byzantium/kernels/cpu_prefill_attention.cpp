@@ -1,7 +1,10 @@
 // Causal prefill attention over the paged KV cache for x86 CPUs with AVX-512: the contract of
 // reference.append_prefill_attention without a window (new tokens over their sequence's cached prefix and
 // themselves), reading K/V in place from the block pool. Queries, arithmetic and output in fp32; the pool
-// in fp32 or bf16 (bf16 keys and values widened a chunk at a time).
+// in fp32 or bf16 (bf16 keys and values widened a chunk at a time). A bf16 model on a CPU with
+// avx512_bf16 passes bf16 queries: its scores come from bf16 dot products of the queries and the keys
+// read in place (exact products summed in fp32: half the instructions, no widened keys), the rest as in
+// fp32, and the output is bf16.
 //
 // The torch path gathers each sequence's K/V out of the pool and runs SDPA, whose CPU kernel reached
 // ~120 GFLOP/s on a 1024-token prompt (a third of that prefill's time). Here the query rows lie in the
@@ -20,7 +23,10 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
+
+bool avx512_bf16_supported();
 
 namespace {
 
@@ -98,6 +104,63 @@ static void value_tile(float* out, const __m512* alpha, const float* weights, co
     for (int v = 0; v < 3; ++v) _mm512_store_ps(out + dd * ROWS + 16 * v, acc[dd][v]);
 }
 
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+
+// score_tile for bf16 queries and keys (a bf16 model's, on a CPU with avx512_bf16): the tile's query rows
+// held as (d, d + 1) pairs, [D / 2][48][2], and each key's pair broadcast, so one dot-product instruction
+// does two head dims of 16 rows; the products are exact and summed in fp32, unscaled (the softmax scales).
+template <int NK>
+static void score_tile(const uint16_t* qp, int64_t D, const uint16_t* const* key, int64_t key_pos, const int32_t* pos,
+                       int32_t min_pos, float* scores) {
+  __m512 acc[NK][3];
+#pragma GCC unroll 8
+  for (int j = 0; j < NK; ++j) acc[j][0] = acc[j][1] = acc[j][2] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 2) {
+    const uint16_t* qd = qp + d * ROWS;  // pair d / 2: 48 rows x 2 = three vectors
+    const __m512bh q0 = (__m512bh)_mm512_load_si512(qd), q1 = (__m512bh)_mm512_load_si512(qd + 32),
+                   q2 = (__m512bh)_mm512_load_si512(qd + 64);
+#pragma GCC unroll 8
+    for (int j = 0; j < NK; ++j) {
+      int32_t pair;
+      std::memcpy(&pair, key[j] + d, 4);
+      const __m512bh k = (__m512bh)_mm512_set1_epi32(pair);
+      acc[j][0] = _mm512_dpbf16_ps(acc[j][0], k, q0);
+      acc[j][1] = _mm512_dpbf16_ps(acc[j][1], k, q1);
+      acc[j][2] = _mm512_dpbf16_ps(acc[j][2], k, q2);
+    }
+  }
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  const bool masked = key_pos + NK - 1 > min_pos;
+#pragma GCC unroll 8
+  for (int j = 0; j < NK; ++j)
+#pragma GCC unroll 3
+    for (int v = 0; v < 3; ++v) {
+      __m512 s = acc[j][v];
+      if (masked) {
+        const __m512i row_pos = _mm512_load_si512((const void*)(pos + 16 * v));
+        s = _mm512_mask_mov_ps(minus_inf, _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(key_pos + j)), row_pos), s);
+      }
+      _mm512_store_ps(scores + j * ROWS + 16 * v, s);
+    }
+}
+
+// A bf16 row of D values widened to fp32, sixteen at a time.
+static void widen_row(const uint16_t* x, float* y, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) {
+    const __mmask16 m = D - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - d)) - 1);
+    const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + d)), 16);
+    _mm512_mask_storeu_ps(y + d, m, _mm512_castsi512_ps(wide));
+  }
+}
+
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
 static inline float widen(float x) { return x; }
 static inline float widen(uint16_t x) {
   const uint32_t bits = (uint32_t)x << 16;
@@ -120,11 +183,15 @@ struct Scratch {  // one thread's buffers, 64-byte aligned
   }
 };
 
-// One tile, start to end. q rows [T, Hq, D] at stride q_ld; the pool [blocks, block_size, Hkv, D].
-template <typename T>
-static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld, const T* k_cache, const T* v_cache,
+// One tile, start to end. q rows [T, Hq, D] at stride q_ld; the pool [blocks, block_size, Hkv, D]; out
+// [T, Hq, D] in the queries' type. Q = float: fp32 queries, scaled as they are laid out; the keys of a bf16
+// pool widened a chunk at a time. Q = uint16_t: bf16 queries and pool (score_tile's bf16 form), keys read in
+// place, scores scaled in the softmax.
+template <typename T, typename Q>
+static void run_tile(const Tile& tile, Scratch& s, const Q* q, int64_t q_ld, const T* k_cache, const T* v_cache,
                      const int32_t* cu, const int32_t* lens, const int32_t* tables, int64_t width, int64_t block_size,
-                     int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
+                     int64_t Hq, int64_t Hkv, int64_t D, float scale, Q* out) {
+  constexpr bool bf16_scores = std::is_same<Q, uint16_t>::value;
   const int64_t group = Hq / Hkv, b = tile.seq, h = tile.kv_head;
   const int64_t q_len = cu[b + 1] - cu[b], first_query = lens[b] - q_len, stride = Hkv * D;
   alignas(64) int32_t pos[ROWS];
@@ -135,15 +202,22 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
     pos[i] = (int32_t)(first_query + row / group);
   }
   const int32_t min_pos = pos[0];
+  Q* qt = reinterpret_cast<Q*>(s.qt);
   for (int i = 0; i < ROWS; ++i) {
-    const float* qi = q + token[i] * q_ld + head[i] * D;
-    for (int64_t d = 0; d < D; ++d) s.qt[d * ROWS + i] = i < tile.rows ? qi[d] * scale : 0.f;
+    const Q* qi = q + token[i] * q_ld + head[i] * D;
+    for (int64_t d = 0; d < D; ++d) {
+      if constexpr (bf16_scores)
+        qt[(d & ~int64_t(1)) * ROWS + 2 * i + (d & 1)] = i < tile.rows ? qi[d] : 0;  // (d, d + 1) pairs
+      else
+        qt[d * ROWS + i] = i < tile.rows ? qi[d] * scale : 0.f;
+    }
   }
+  const __m512 softmax_scale = _mm512_set1_ps(bf16_scores ? scale : 1.f);
   std::fill(s.out, s.out + D * ROWS, 0.f);
   __m512 m[3], l[3];
   for (int v = 0; v < 3; ++v) m[v] = _mm512_set1_ps(-INFINITY), l[v] = _mm512_setzero_ps();
   const int32_t* table = tables + b * width;
-  const float* key[CHUNK];
+  const Q* key[CHUNK];
   const float* value[CHUNK];
   for (int64_t k0 = 0; k0 < tile.keys; k0 += CHUNK) {
     const int64_t nk = std::min<int64_t>(CHUNK, tile.keys - k0);
@@ -154,6 +228,9 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
       const T* vp = v_cache + slot * stride + h * D;
       if constexpr (std::is_same<T, float>::value) {
         key[j] = kp, value[j] = vp;
+      } else if constexpr (bf16_scores) {
+        widen_row(vp, s.values + j * D, D);
+        key[j] = kp, value[j] = s.values + j * D;
       } else {
         float* kw = s.keys + j * D;
         float* vw = s.values + j * D;
@@ -162,15 +239,15 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
       }
     }
     int64_t j0 = 0;
-    for (; j0 + KT <= nk; j0 += KT) score_tile<KT>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS);
+    for (; j0 + KT <= nk; j0 += KT) score_tile<KT>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS);
     switch (nk - j0) {
-      case 1: score_tile<1>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
-      case 2: score_tile<2>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
-      case 3: score_tile<3>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
-      case 4: score_tile<4>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
-      case 5: score_tile<5>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
-      case 6: score_tile<6>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
-      case 7: score_tile<7>(s.qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 1: score_tile<1>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 2: score_tile<2>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 3: score_tile<3>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 4: score_tile<4>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 5: score_tile<5>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 6: score_tile<6>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
+      case 7: score_tile<7>(qt, D, key + j0, k0 + j0, pos, min_pos, s.scores + j0 * ROWS); break;
       default: break;
     }
     // Online softmax: the new running max, the old terms' factor, this chunk's weights and their sum.
@@ -178,10 +255,11 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
     for (int v = 0; v < 3; ++v) {
       __m512 top = m[v];
       for (int64_t j = 0; j < nk; ++j) top = _mm512_max_ps(top, _mm512_load_ps(s.scores + j * ROWS + 16 * v));
-      alpha[v] = exp512(_mm512_sub_ps(m[v], top));
+      alpha[v] = exp512(_mm512_mul_ps(_mm512_sub_ps(m[v], top), softmax_scale));
       __m512 sum = _mm512_setzero_ps();
       for (int64_t j = 0; j < nk; ++j) {
-        const __m512 w = exp512(_mm512_sub_ps(_mm512_load_ps(s.scores + j * ROWS + 16 * v), top));
+        const __m512 w = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(s.scores + j * ROWS + 16 * v), top),
+                                              softmax_scale));
         _mm512_store_ps(s.scores + j * ROWS + 16 * v, w);
         sum = _mm512_add_ps(sum, w);
       }
@@ -193,15 +271,20 @@ static void run_tile(const Tile& tile, Scratch& s, const float* q, int64_t q_ld,
   alignas(64) float inv[ROWS];
   for (int v = 0; v < 3; ++v) _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.f), l[v]));
   for (int64_t i = 0; i < tile.rows; ++i) {
-    float* o = out + (token[i] * Hq + head[i]) * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = s.out[d * ROWS + i] * inv[i];
+    Q* o = out + (token[i] * Hq + head[i]) * D;
+    for (int64_t d = 0; d < D; ++d) {
+      if constexpr (bf16_scores)
+        o[d] = c10::BFloat16(s.out[d * ROWS + i] * inv[i]).x;  // rounded to nearest even, as torch's .to()
+      else
+        o[d] = s.out[d * ROWS + i] * inv[i];
+    }
   }
 }
 
-template <typename T>
-static void run_tiles(const std::vector<std::vector<Tile>>& per_thread, const float* q, int64_t q_ld, const T* k_cache,
+template <typename T, typename Q>
+static void run_tiles(const std::vector<std::vector<Tile>>& per_thread, const Q* q, int64_t q_ld, const T* k_cache,
                       const T* v_cache, const int32_t* cu, const int32_t* lens, const int32_t* tables, int64_t width,
-                      int64_t block_size, int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
+                      int64_t block_size, int64_t Hq, int64_t Hkv, int64_t D, float scale, Q* out) {
   at::parallel_for(0, (int64_t)per_thread.size(), 1, [&](int64_t begin, int64_t end) {
     Scratch s(D);
     for (int64_t t = begin; t < end; ++t)
@@ -244,10 +327,11 @@ torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, to
                                       torch::Tensor cu_seqlens_q, torch::Tensor seq_lens, torch::Tensor block_tables,
                                       double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_prefill_attention: shapes");
-  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(q.scalar_type() == at::kFloat && (k_cache.scalar_type() == at::kFloat || bf16) &&
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16, bf16_q = q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((q.scalar_type() == at::kFloat || (bf16_q && bf16)) && (k_cache.scalar_type() == at::kFloat || bf16) &&
               v_cache.scalar_type() == k_cache.scalar_type(),
-              "paged_prefill_attention: fp32 queries, an fp32 or bf16 cache");
+              "paged_prefill_attention: fp32 queries and an fp32 or bf16 cache, or bf16 queries and cache");
+  TORCH_CHECK(!bf16_q || avx512_bf16_supported(), "paged_prefill_attention: bf16 queries need avx512_bf16");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_prefill_attention: contiguous cache");
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), block_size = k_cache.size(1), Hkv = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == D && Hq % Hkv == 0 && prefill_supported(D), "paged_prefill_attention: head layout");
@@ -270,7 +354,11 @@ torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, to
   }
   auto out = torch::empty({T, Hq, D}, q.options());
   const auto per_thread = deal(cp, lp, B, Hkv, Hq / Hkv, at::get_num_threads());
-  if (bf16)
+  if (bf16_q)
+    run_tiles(per_thread, (const uint16_t*)q.data_ptr(), q.stride(0), (const uint16_t*)k_cache.data_ptr(),
+              (const uint16_t*)v_cache.data_ptr(), cp, lp, tp, width, block_size, Hq, Hkv, D, (float)scale,
+              (uint16_t*)out.data_ptr());
+  else if (bf16)
     run_tiles(per_thread, q.data_ptr<float>(), q.stride(0), (const uint16_t*)k_cache.data_ptr(),
               (const uint16_t*)v_cache.data_ptr(), cp, lp, tp, width, block_size, Hq, Hkv, D, (float)scale,
               out.data_ptr<float>());
