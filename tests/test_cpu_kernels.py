@@ -305,8 +305,8 @@ def test_prefill_attention_reads_a_bf16_cache_and_rejects_bad_calls():
 ])
 def test_prefill_attention_with_bf16_queries_scores_with_bf16_dot_products(new_tokens, cached, num_heads,
                                                                           num_kv_heads, head_dim, block_size):
-    """bf16 queries and cache: scores from bf16 dot products (exact products, fp32 sums), bf16 output. Within
-    bf16 rounding of the fp32 kernel given the same bf16 values, and nearly always the same bf16 number."""
+    """bf16 queries and cache: both products on bf16 dot products (softmax weights rounded to bf16, as flash
+    attention does), bf16 output: within bf16 roundings of the exact result, with no drift on average."""
     from byzantium.kernels import cpu, reference
     q, k_cache, v_cache, cu, lengths, tables = prefill_case(new_tokens, cached, num_heads, num_kv_heads, head_dim,
                                                             block_size, seed=sum(new_tokens) + 7)
@@ -315,15 +315,16 @@ def test_prefill_attention_with_bf16_queries_scores_with_bf16_dot_products(new_t
     got = ext.paged_prefill_attention(q16, k16, v16, cu, lengths, tables, scale)
     assert got.dtype == torch.bfloat16 and torch.isfinite(got.float()).all()
     want = reference.append_prefill_attention(q16.float(), k16.float(), v16.float(), cu, lengths, tables, scale)
-    torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=8e-3)  # one bf16 rounding of the output
-    fp32_path = ext.paged_prefill_attention(q16.float(), k16, v16, cu, lengths, tables, scale).bfloat16()
-    assert (got != fp32_path).float().mean() < 0.02
-    # The engine's CPU attention takes this path for a bf16 model, and a row's output does not depend on
-    # the other sequences in the call.
-    assert torch.equal(cpu.append_prefill_attention(q16, k16, v16, cu, lengths, tables, scale), got)
+    torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=1.2e-2)  # the output's rounding and the weights'
+    assert (got.float() - want).abs().mean() < 1.5e-3  # measured 5-8e-4: no error that builds up
+    fp32_path = ext.paged_prefill_attention(q16.float(), k16, v16, cu, lengths, tables, scale)
+    assert (got.float() - fp32_path).abs().mean() < 1.5e-3
+    # A row's output does not depend on the other sequences in the call, and the engine's CPU attention
+    # takes this path for a bf16 model's prompt (short appends go row by row, as in fp32).
     first = int(cu[1])
     alone = ext.paged_prefill_attention(q16[:first], k16, v16, cu[:2], lengths[:1], tables[:1], scale)
     assert torch.equal(alone, got[:first])
+    assert torch.equal(cpu.append_prefill_attention(q16[:first], k16, v16, cu[:2], lengths[:1], tables[:1], scale), alone)
 
 
 def test_prefill_without_the_kernel_goes_to_the_reference(monkeypatch):

@@ -2,9 +2,11 @@
 // reference.append_prefill_attention without a window (new tokens over their sequence's cached prefix and
 // themselves), reading K/V in place from the block pool. Queries, arithmetic and output in fp32; the pool
 // in fp32 or bf16 (bf16 keys and values widened a chunk at a time). A bf16 model on a CPU with
-// avx512_bf16 passes bf16 queries: its scores come from bf16 dot products of the queries and the keys
-// read in place (exact products summed in fp32: half the instructions, no widened keys), the rest as in
-// fp32, and the output is bf16.
+// avx512_bf16 passes bf16 queries: both products run on bf16 dot products, two head dims (scores) or two
+// keys (values) per instruction, half the instructions of fp32. Scores: the queries against the keys read
+// in place, exact products summed in fp32. Values: the softmax weights rounded to bf16 (as flash
+// attention does for its second product), the values paired a chunk at a time, sums in fp32. The softmax
+// itself and its normaliser stay fp32; the output is bf16.
 //
 // The torch path gathers each sequence's K/V out of the pool and runs SDPA, whose CPU kernel reached
 // ~120 GFLOP/s on a 1024-token prompt (a third of that prefill's time). Here the query rows lie in the
@@ -147,13 +149,66 @@ static void score_tile(const uint16_t* qp, int64_t D, const uint16_t* const* key
     }
 }
 
-// A bf16 row of D values widened to fp32, sixteen at a time.
-static void widen_row(const uint16_t* x, float* y, int64_t D) {
-  for (int64_t d = 0; d < D; d += 16) {
-    const __mmask16 m = D - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - d)) - 1);
-    const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + d)), 16);
-    _mm512_mask_storeu_ps(y + d, m, _mm512_castsi512_ps(wide));
+// The chunk's values as pairs of keys for value_tile's bf16 form: vp[d] = (a[d], b[d]) for the values a, b of
+// keys 2jp and 2jp + 1 (b = nullptr: the odd chunk's last key, paired with zeros).
+static void pair_values(const uint16_t* a, const uint16_t* b, uint32_t* vp, int64_t D) {
+  alignas(64) static const uint16_t low[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t high[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(low), hi = _mm512_load_si512(high);
+  for (int64_t d = 0; d < D; d += 32) {
+    const int64_t n = std::min<int64_t>(32, D - d);
+    const __mmask32 m = n == 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1);
+    const __m512i x = _mm512_maskz_loadu_epi16(m, a + d), y = b ? _mm512_maskz_loadu_epi16(m, b + d) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(vp + d, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), _mm512_permutex2var_epi16(x, lo, y));
+    if (n > 16)
+      _mm512_mask_storeu_epi32(vp + d + 16, n >= 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - 16)) - 1),
+                               _mm512_permutex2var_epi16(x, hi, y));
   }
+}
+
+// The chunk's softmax weights [nk][48] (fp32) rounded to bf16 as pairs of keys: wp[jp][0:48][2] (a zero
+// weight past the last key).
+static void pair_weights(const float* w, uint16_t* wp, int64_t nk) {
+  alignas(64) static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(interleave);
+  for (int64_t j = 0; j < nk; j += 2)
+    for (int v = 0; v < 3; ++v) {
+      const __m512 lo = _mm512_load_ps(w + j * ROWS + 16 * v);
+      const __m512 hi = j + 1 < nk ? _mm512_load_ps(w + (j + 1) * ROWS + 16 * v) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // key j's 16 rows, then key j + 1's
+      _mm512_store_si512(wp + j * ROWS + 32 * v, _mm512_permutexvar_epi16(idx, both));
+    }
+}
+
+// value_tile's bf16 form: out[d0:d0+8][0:48] = out * alpha + the chunk's weighted values, a pair of keys per
+// dot-product instruction (weights rounded to bf16, products exact, sums in fp32).
+static void value_tile(float* out, const __m512* alpha, const uint16_t* wp, const uint32_t* vp, int64_t pairs,
+                       int64_t D, int64_t d0) {
+  __m512 acc[DT][3];
+#pragma GCC unroll 8
+  for (int dd = 0; dd < DT; ++dd)
+#pragma GCC unroll 3
+    for (int v = 0; v < 3; ++v) acc[dd][v] = _mm512_mul_ps(_mm512_load_ps(out + dd * ROWS + 16 * v), alpha[v]);
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    const uint16_t* w = wp + jp * 2 * ROWS;
+    const __m512bh w0 = (__m512bh)_mm512_load_si512(w), w1 = (__m512bh)_mm512_load_si512(w + 32),
+                   w2 = (__m512bh)_mm512_load_si512(w + 64);
+    const uint32_t* vj = vp + jp * D + d0;
+#pragma GCC unroll 8
+    for (int dd = 0; dd < DT; ++dd) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32((int)vj[dd]);
+      acc[dd][0] = _mm512_dpbf16_ps(acc[dd][0], x, w0);
+      acc[dd][1] = _mm512_dpbf16_ps(acc[dd][1], x, w1);
+      acc[dd][2] = _mm512_dpbf16_ps(acc[dd][2], x, w2);
+    }
+  }
+#pragma GCC unroll 8
+  for (int dd = 0; dd < DT; ++dd)
+#pragma GCC unroll 3
+    for (int v = 0; v < 3; ++v) _mm512_store_ps(out + dd * ROWS + 16 * v, acc[dd][v]);
 }
 
 #pragma GCC pop_options
@@ -171,8 +226,8 @@ static inline float widen(uint16_t x) {
 
 struct Scratch {  // one thread's buffers, 64-byte aligned
   std::vector<float> storage;
-  float *qt, *out, *scores, *keys, *values;
-  Scratch(int64_t D) : storage(2 * D * ROWS + CHUNK * ROWS + 2 * CHUNK * D + 16) {
+  float *qt, *out, *scores, *keys, *values, *weight_pairs;  // bf16 path: values holds value pairs
+  Scratch(int64_t D) : storage(2 * D * ROWS + CHUNK * ROWS + 2 * CHUNK * D + CHUNK * ROWS / 2 + 16) {
     float* p = storage.data();
     p += (16 - ((uintptr_t)p / 4) % 16) % 16;
     qt = p;
@@ -180,12 +235,13 @@ struct Scratch {  // one thread's buffers, 64-byte aligned
     scores = out + D * ROWS;
     keys = scores + CHUNK * ROWS;
     values = keys + CHUNK * D;
+    weight_pairs = values + CHUNK * D;
   }
 };
 
 // One tile, start to end. q rows [T, Hq, D] at stride q_ld; the pool [blocks, block_size, Hkv, D]; out
 // [T, Hq, D] in the queries' type. Q = float: fp32 queries, scaled as they are laid out; the keys of a bf16
-// pool widened a chunk at a time. Q = uint16_t: bf16 queries and pool (score_tile's bf16 form), keys read in
+// pool widened a chunk at a time. Q = uint16_t: bf16 queries and pool (the tiles' bf16 forms), keys read in
 // place, scores scaled in the softmax.
 template <typename T, typename Q>
 static void run_tile(const Tile& tile, Scratch& s, const Q* q, int64_t q_ld, const T* k_cache, const T* v_cache,
@@ -219,6 +275,9 @@ static void run_tile(const Tile& tile, Scratch& s, const Q* q, int64_t q_ld, con
   const int32_t* table = tables + b * width;
   const Q* key[CHUNK];
   const float* value[CHUNK];
+  const T* raw_value[CHUNK];  // bf16 path: the values in the pool
+  uint32_t* value_pairs = reinterpret_cast<uint32_t*>(s.values);
+  uint16_t* weight_pairs = reinterpret_cast<uint16_t*>(s.weight_pairs);
   for (int64_t k0 = 0; k0 < tile.keys; k0 += CHUNK) {
     const int64_t nk = std::min<int64_t>(CHUNK, tile.keys - k0);
     for (int64_t j = 0, blk = k0 / block_size, offset = k0 % block_size; j < nk; ++j) {
@@ -229,8 +288,7 @@ static void run_tile(const Tile& tile, Scratch& s, const Q* q, int64_t q_ld, con
       if constexpr (std::is_same<T, float>::value) {
         key[j] = kp, value[j] = vp;
       } else if constexpr (bf16_scores) {
-        widen_row(vp, s.values + j * D, D);
-        key[j] = kp, value[j] = s.values + j * D;
+        key[j] = kp, raw_value[j] = vp;
       } else {
         float* kw = s.keys + j * D;
         float* vw = s.values + j * D;
@@ -266,7 +324,15 @@ static void run_tile(const Tile& tile, Scratch& s, const Q* q, int64_t q_ld, con
       l[v] = _mm512_fmadd_ps(l[v], alpha[v], sum);
       m[v] = top;
     }
-    for (int64_t d0 = 0; d0 < D; d0 += DT) value_tile(s.out + d0 * ROWS, alpha, s.scores, value, nk, d0);
+    if constexpr (bf16_scores) {
+      for (int64_t j = 0; j < nk; j += 2)
+        pair_values(raw_value[j], j + 1 < nk ? raw_value[j + 1] : nullptr, value_pairs + j / 2 * D, D);
+      pair_weights(s.scores, weight_pairs, nk);
+      for (int64_t d0 = 0; d0 < D; d0 += DT)
+        value_tile(s.out + d0 * ROWS, alpha, weight_pairs, value_pairs, (nk + 1) / 2, D, d0);
+    } else {
+      for (int64_t d0 = 0; d0 < D; d0 += DT) value_tile(s.out + d0 * ROWS, alpha, s.scores, value, nk, d0);
+    }
   }
   alignas(64) float inv[ROWS];
   for (int v = 0; v < 3; ++v) _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.f), l[v]));
