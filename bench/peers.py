@@ -8,10 +8,9 @@
 Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
 activations and KV cache in bf16, CPU):
 - throughput: random prompts, EOS ignored; prefill and decode tok/s per (prompt length, batch).
-  Byzantium and vLLM (offline `LLM`, prefix caching off) timed alike, whole: two `generate` calls on fresh
-  prompts, max_tokens=1 (prefill: its wall time) and max_tokens=--new (decode: the rest of its wall time);
-  transformers as bench/engine_throughput.py times it (time to the first token, then to the last). No
-  speculation on any side: these measure what a token costs.
+  Byzantium and transformers as bench/engine_throughput.py times them; vLLM (offline `LLM`, prefix
+  caching off) from two `generate` calls on fresh prompts: max_tokens=1 (prefill) and max_tokens=--new
+  (decode = the difference). No speculation on any side: these measure what a token costs.
 - rr: the RRMaj workload of bench/rr_workload.py (N=5, 3c2t, K=32, L=128, --questions x M=5).
   Byzantium through its protocol code (rr_workload.run_engine); transformers re-encoding every turn,
   all trajectories (rr_workload.run_naive, no sample); vLLM as one batched `generate` per turn over all
@@ -115,39 +114,20 @@ def vllm_llm(spec, prefix_caching, speculate):
                **({"speculative_config": speculative} if speculative else {}))
 
 
-def timed_whole(generate, ids, new):
-    """Prefill and decode tok/s of a `generate(prompts, max_tokens)` that returns each prompt's new tokens:
-    a max_tokens=1 call's wall time is the prefill; a max_tokens=new call on other prompts, less that, the
-    decode. Both sides' throughput is timed so, from outside (a step that mixes decode rows into a prompt's
-    chunks counts where it falls, on both)."""
+def vllm_throughput(llm, ids, new):
+    from vllm import SamplingParams, TokensPrompt
     start = time.perf_counter()
-    generate(ids, 1)
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], SamplingParams(max_tokens=1, ignore_eos=True),
+                 use_tqdm=False)
     prefill = time.perf_counter() - start
     fresh = [[t + 1 for t in p] for p in ids]  # other prompts: the second call must prefill again
     start = time.perf_counter()
-    outs = generate(fresh, new)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in fresh],
+                        SamplingParams(max_tokens=new, ignore_eos=True), use_tqdm=False)
     total = time.perf_counter() - start
-    assert all(len(o) == new for o in outs)
+    assert all(len(o.outputs[0].token_ids) == new for o in outs)
     batch, length = len(ids), len(ids[0])
     return batch * length / prefill, batch * (new - 1) / max(total - prefill, 1e-9)
-
-
-def vllm_throughput(llm, ids, new):
-    from vllm import SamplingParams, TokensPrompt
-
-    def generate(prompts, max_tokens):
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                            SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-        return [o.outputs[0].token_ids for o in outs]
-    return timed_whole(generate, ids, new)
-
-
-def byzantium_throughput(engine, ids, new):
-    from byzantium.engine.sampling import SamplingParams
-
-    def generate(prompts, max_tokens):
-        return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))]
-    return timed_whole(generate, ids, new)
 
 
 def vllm_rr(llm, trajectories, k, max_len, temperature, seed):
@@ -252,7 +232,7 @@ def project_worker(side, workload, spec):
         if workload == "throughput":
             ids = random_prompts(job["seed"], job["batch"], job["prompt_len"], spec["vocab"])
             if engine is not None:
-                prefill, decode = byzantium_throughput(engine, ids, job["new"])
+                prefill, decode = engine_throughput.run_engine(engine, ids, job["new"])
             else:
                 prefill, decode = engine_throughput.run_transformers(hf, torch.tensor(ids), job["new"])
             out = dict(prefill_tok_s=prefill, decode_tok_s=decode)
