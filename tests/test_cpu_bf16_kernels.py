@@ -20,7 +20,7 @@ def bf16_close(got, want):
     assert (err <= want.abs() * 2 ** -8 + 1e-4 * want.abs().max()).all(), err.max()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 13, 14, 15, 40])
+@pytest.mark.parametrize("rows", [1, 2, 13, 14, 15, 40, 600])  # 600: chunks of rows shared out (cpu_panel_schedule.h)
 @pytest.mark.parametrize("k, n", [(64, 128), (576, 960), (37, 5), (1, 3), (8, 33), (1536, 40)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_bf16_panel_linear_matches_fp32_sums_and_is_batch_invariant(rows, k, n, bias):
@@ -33,7 +33,8 @@ def test_bf16_panel_linear_matches_fp32_sums_and_is_batch_invariant(rows, k, n, 
     padded = None if b is None else torch.cat([b.float(), torch.zeros(panels.shape[0] * 32 - n)])
     got = ext.panel_linear_bf16(x, panels, padded, n)
     bf16_close(got, F.linear(x.float(), w.float(), None if b is None else b.float()))
-    # a row's result is the same in any block of rows (the 14-row blocks and the remainder alike)
+    # a row's result is the same in any block of rows (the 14-row blocks and the remainder alike) and under
+    # either schedule (a decode-sized call and a prefill-sized one)
     for m in {1, rows // 2, rows - 1} - {0}:
         assert torch.equal(ext.panel_linear_bf16(x[rows - m:], panels, padded, n), got[rows - m:])
 
@@ -57,7 +58,7 @@ def test_bf16_panel_linear_bad_calls():
         ext.pack_panels_bf16(torch.randn(32, 64))
 
 
-@pytest.mark.parametrize("rows", [1, 14, 31])
+@pytest.mark.parametrize("rows", [1, 14, 31, 300])
 @pytest.mark.parametrize("k, inner", [(576, 1536), (40, 24), (15, 5)])  # I a multiple of 16, and not; odd K
 @pytest.mark.parametrize("bias", [False, True])
 def test_bf16_fused_glu_matches_silu_of_the_fp32_sums(rows, k, inner, bias):
@@ -76,7 +77,9 @@ def test_bf16_fused_glu_matches_silu_of_the_fp32_sums(rows, k, inner, bias):
     assert glu is ext.panel_glu_bf16 and half == inner and packed.glu
     assert torch.equal(packed(x), gate_up)  # each column the same chain of products in either packing
     sums = F.linear(x.float(), linear.weight.float(), None if not bias else linear.bias.float())
-    bf16_close(glu(x, panels, glu_bias, inner), F.silu(sums[:, :inner]) * sums[:, inner:])
+    fused = glu(x, panels, glu_bias, inner)
+    bf16_close(fused, F.silu(sums[:, :inner]) * sums[:, inner:])
+    assert torch.equal(glu(x[rows // 2:], panels, glu_bias, inner), fused[rows // 2:])  # batch invariant
     assert packed.repack_glu(ext)[1] is panels  # once
     with pytest.raises(RuntimeError, match="I does not match"):
         ext.panel_glu_bf16(x, panels, None, panels.shape[0] * 16 + 1)

@@ -26,7 +26,7 @@ def test_panel_linear_matches_torch_linear(rows, k, n, bias):
 
 
 @pytest.mark.skipif(ext is None or not ext.avx512_supported(), reason="no AVX-512 on this CPU")
-@pytest.mark.parametrize("rows", [1, 2, 13, 14, 15, 29, 97])
+@pytest.mark.parametrize("rows", [1, 2, 13, 14, 15, 29, 97, 600])  # 600: chunks of rows shared out
 @pytest.mark.parametrize("k, n", [(64, 128), (576, 960), (37, 5), (1536, 576), (16, 1), (8, 33), (40, 48)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_avx512_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k, n, bias):
@@ -47,7 +47,7 @@ def test_avx512_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k
 
 
 @pytest.mark.skipif(ext is None or not ext.avx512_supported(), reason="no AVX-512 on this CPU")
-@pytest.mark.parametrize("rows", [1, 14, 31])
+@pytest.mark.parametrize("rows", [1, 14, 31, 300])
 @pytest.mark.parametrize("k, inner", [(576, 1536), (40, 24), (16, 5)])  # I a multiple of 16, and not
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_glu_matches_the_linear_then_silu_mul(rows, k, inner, bias):
@@ -70,6 +70,7 @@ def test_fused_glu_matches_the_linear_then_silu_mul(rows, k, inner, bias):
     fused = ext.panel_glu512(x, panels, glu_bias, inner)
     torch.testing.assert_close(fused, ext.silu_mul(gate_up), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(fused, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], rtol=1e-5, atol=1e-5)
+    assert torch.equal(ext.panel_glu512(x[rows // 2:], panels, glu_bias, inner), fused[rows // 2:])  # batch invariant
     assert packed.repack_glu(ext)[1] is panels  # once
     with pytest.raises(RuntimeError, match="I does not match"):
         ext.panel_glu512(x, panels, None, panels.shape[0] * 16 + 1)

@@ -36,7 +36,7 @@ from . import warn_once
 SOURCES = [Path(__file__).with_name(name) for name in
            ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_gemm_bf16.cpp", "cpu_attention.cpp", "cpu_decode512.cpp",
             "cpu_prefill_attention.cpp", "cpu_layer_ops.cpp", "cpu_layer_ops_bf16.cpp", "cpu_sampling.cpp")]
-HEADERS = [Path(__file__).with_name("cpu_simd.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_simd.h", "cpu_panel_schedule.h")]
 
 
 def supported() -> bool:

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include "cpu_panel_schedule.h"
 #include "cpu_simd.h"
 
 constexpr int64_t NR512 = 32;  // output columns per panel
@@ -118,6 +119,13 @@ torch::Tensor panel_linear512(torch::Tensor x, torch::Tensor packed, c10::option
   const float *xp = x.data_ptr<float>(), *pp = packed.data_ptr<float>();
   const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  if (M >= SCHEDULE_MIN_ROWS) {
+    for_panel_chunks(M, 4 * K, MR512, panels, [&](int64_t p, int64_t m0, int64_t rows, bool more) {
+      panel_rows512(xp + m0 * K, rows, K, pp + p * K * NR512, more ? pp + (p + 1) * K * NR512 : nullptr,
+                    bp ? bp + p * NR512 : nullptr, yp + m0 * N + p * NR512, N, std::min(NR512, N - p * NR512));
+    });
+    return y;
+  }
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       panel_rows512(xp, M, K, pp + p * K * NR512, p + 1 < p1 ? pp + (p + 1) * K * NR512 : nullptr,
@@ -158,6 +166,13 @@ torch::Tensor panel_glu512(torch::Tensor x, torch::Tensor packed, c10::optional<
   const float *xp = x.data_ptr<float>(), *pp = packed.data_ptr<float>();
   const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  if (M >= SCHEDULE_MIN_ROWS) {
+    for_panel_chunks(M, 4 * K, MR512, panels, [&](int64_t p, int64_t m0, int64_t rows, bool more) {
+      panel_rows512<true>(xp + m0 * K, rows, K, pp + p * K * NR512, more ? pp + (p + 1) * K * NR512 : nullptr,
+                          bp ? bp + p * NR512 : nullptr, yp + m0 * I + p * 16, I, std::min<int64_t>(16, I - p * 16));
+    });
+    return y;
+  }
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       panel_rows512<true>(xp, M, K, pp + p * K * NR512, p + 1 < p1 ? pp + (p + 1) * K * NR512 : nullptr,

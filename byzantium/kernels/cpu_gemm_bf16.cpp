@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cstring>
+#include "cpu_panel_schedule.h"
 #include "cpu_simd.h"
 
 constexpr int64_t NRB = 32;  // output columns per panel
@@ -142,6 +143,13 @@ torch::Tensor panel_linear_bf16(torch::Tensor x, torch::Tensor packed, c10::opti
   const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * NRB * 2;
+  if (M >= SCHEDULE_MIN_ROWS) {
+    for_panel_chunks(M, 2 * K, MRB, panels, [&](int64_t p, int64_t m0, int64_t rows, bool more) {
+      panel_rows_bf16(xp + m0 * K, rows, K, pp + p * panel_size, more ? pp + (p + 1) * panel_size : nullptr,
+                      bp ? bp + p * NRB : nullptr, yp + m0 * N + p * NRB, N, std::min(NRB, N - p * NRB));
+    });
+    return y;
+  }
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       panel_rows_bf16(xp, M, K, pp + p * panel_size, p + 1 < p1 ? pp + (p + 1) * panel_size : nullptr,
@@ -183,6 +191,13 @@ torch::Tensor panel_glu_bf16(torch::Tensor x, torch::Tensor packed, c10::optiona
   const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * NRB * 2;
+  if (M >= SCHEDULE_MIN_ROWS) {
+    for_panel_chunks(M, 2 * K, MRB, panels, [&](int64_t p, int64_t m0, int64_t rows, bool more) {
+      panel_rows_bf16<true>(xp + m0 * K, rows, K, pp + p * panel_size, more ? pp + (p + 1) * panel_size : nullptr,
+                            bp ? bp + p * NRB : nullptr, yp + m0 * I + p * 16, I, std::min<int64_t>(16, I - p * 16));
+    });
+    return y;
+  }
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       panel_rows_bf16<true>(xp, M, K, pp + p * panel_size, p + 1 < p1 ? pp + (p + 1) * panel_size : nullptr,

@@ -261,11 +261,15 @@ static void run_tile(const Tile& tile, Scratch& s, const Q* q, int64_t q_ld, con
   Q* qt = reinterpret_cast<Q*>(s.qt);
   for (int i = 0; i < ROWS; ++i) {
     const Q* qi = q + token[i] * q_ld + head[i] * D;
-    for (int64_t d = 0; d < D; ++d) {
-      if constexpr (bf16_scores)
-        qt[(d & ~int64_t(1)) * ROWS + 2 * i + (d & 1)] = i < tile.rows ? qi[d] : 0;  // (d, d + 1) pairs
-      else
-        qt[d * ROWS + i] = i < tile.rows ? qi[d] * scale : 0.f;
+    if constexpr (bf16_scores) {  // (d, d + 1) pairs as one 32-bit lane, pair p of row i at [p][i] (D is even)
+      uint32_t* pairs = reinterpret_cast<uint32_t*>(qt);
+      for (int64_t p = 0; p < D / 2; ++p) {
+        uint32_t pair = 0;
+        if (i < tile.rows) std::memcpy(&pair, qi + 2 * p, 4);
+        pairs[p * ROWS + i] = pair;
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d) qt[d * ROWS + i] = i < tile.rows ? qi[d] * scale : 0.f;
     }
   }
   const __m512 softmax_scale = _mm512_set1_ps(bf16_scores ? scale : 1.f);
