@@ -43,6 +43,7 @@ import datetime
 import json
 import os
 import random
+import resource
 import shlex
 import statistics
 import subprocess
@@ -231,11 +232,19 @@ def project_worker(side, workload, spec):
         job = json.loads(line)
         if workload == "throughput":
             ids = random_prompts(job["seed"], job["batch"], job["prompt_len"], spec["vocab"])
+            before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             if engine is not None:
                 prefill, decode = engine_throughput.run_engine(engine, ids, job["new"])
             else:
                 prefill, decode = engine_throughput.run_transformers(hf, torch.tensor(ids), job["new"])
-            out = dict(prefill_tok_s=prefill, decode_tok_s=decode)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            # what the run cost the process: its wall time, how much of it the step records cover, its system
+            # time and page faults (a run that slows down can then say whether its steps or what lay
+            # around them did, and whether the kernel had a part)
+            out = dict(prefill_tok_s=prefill, decode_tok_s=decode, wall_s=time.perf_counter() - start,
+                       sys_s=after.ru_stime - before.ru_stime, page_faults=after.ru_minflt - before.ru_minflt)
+            if engine is not None:
+                out["steps_s"] = engine.stats["seconds"]
             if engine is not None and job.get("last"):
                 out["engine"] = {k: engine.describe().get(k) for k in ("linear_kernels", "attention_backend")}
         elif workload == "rr":
