@@ -8,9 +8,13 @@
 Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
 activations and KV cache in bf16, CPU):
 - throughput: random prompts, EOS ignored; prefill and decode tok/s per (prompt length, batch).
-  Byzantium and transformers as bench/engine_throughput.py times them; vLLM (offline `LLM`, prefix
-  caching off) from two `generate` calls on fresh prompts: max_tokens=1 (prefill) and max_tokens=--new
-  (decode = the difference). No speculation on any side: these measure what a token costs.
+  Prefill on Byzantium and vLLM (offline `LLM`, prefix caching off) alike: the prompt tokens over the wall
+  time of a max_tokens=1 `generate` (a prompt-only call). Decode: a second call on fresh prompts with
+  max_tokens=--new; Byzantium's from its step records (the time its steps spent on decode rows), vLLM's
+  as the difference of the two calls. (Prefill taken from that second call's step records would charge it
+  the decode rows that ride along in its last prefill steps, each with its own logits row: 2-10 % at
+  batch 64; the record keeps that number too, prefill_in_run_tok_s.) Transformers as
+  bench/engine_throughput.py times it. No speculation on any side: these measure what a token costs.
 - rr: the RRMaj workload of bench/rr_workload.py (N=5, 3c2t, K=32, L=128, --questions x M=5).
   Byzantium through its protocol code (rr_workload.run_engine); transformers re-encoding every turn,
   all trajectories (rr_workload.run_naive, no sample); vLLM as one batched `generate` per turn over all
@@ -232,19 +236,24 @@ def project_worker(side, workload, spec):
         job = json.loads(line)
         if workload == "throughput":
             ids = random_prompts(job["seed"], job["batch"], job["prompt_len"], spec["vocab"])
-            before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             if engine is not None:
-                prefill, decode = engine_throughput.run_engine(engine, ids, job["new"])
+                engine.reset_stats()
+            before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            if engine is not None:  # the same two calls on the same prompts as vllm_throughput
+                engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True))
+                prefill = len(ids) * len(ids[0]) / (time.perf_counter() - start)
+                prefill_steps = engine.stats["seconds"]
+                fresh = [[t + 1 for t in p] for p in ids]
+                in_run, decode = engine_throughput.run_engine(engine, fresh, job["new"])
             else:
                 prefill, decode = engine_throughput.run_transformers(hf, torch.tensor(ids), job["new"])
             after = resource.getrusage(resource.RUSAGE_SELF)
-            # what the run cost the process: its wall time, how much of it the step records cover, its system
-            # time and page faults (a run that slows down can then say whether its steps or what lay
-            # around them did, and whether the kernel had a part)
+            # what the run cost the process: its wall time, its system time and page faults (a run that slows
+            # down can then say whether the kernel had a part)
             out = dict(prefill_tok_s=prefill, decode_tok_s=decode, wall_s=time.perf_counter() - start,
                        sys_s=after.ru_stime - before.ru_stime, page_faults=after.ru_minflt - before.ru_minflt)
-            if engine is not None:
-                out["steps_s"] = engine.stats["seconds"]
+            if engine is not None:  # the prompt-only call's step time (its wall time less the host's part)
+                out.update(prefill_in_run_tok_s=in_run, prefill_steps_s=prefill_steps)
             if engine is not None and job.get("last"):
                 out["engine"] = {k: engine.describe().get(k) for k in ("linear_kernels", "attention_backend")}
         elif workload == "rr":
