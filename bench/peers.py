@@ -49,6 +49,7 @@ import os
 import random
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -551,6 +552,7 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     load_start = os.getloadavg()
     results, server, interrupted = {}, None, False
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and kill stop it as Ctrl-C does
     try:
         for workload in workloads:
             wl_sides = [s for s in sides if not (workload == "sac" and s == "transformers")]
@@ -565,7 +567,7 @@ def main():
             except RuntimeError as error:  # one failed side or workload does not lose the others' numbers
                 print(f"{workload} failed: {error}", flush=True)
                 results[workload]["error"] = str(error)
-    except KeyboardInterrupt:  # Ctrl-C (SIGINT): record the configs that finished
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: record the configs that finished
         interrupted = True
         print("interrupted: recording what finished", flush=True)
     finally:

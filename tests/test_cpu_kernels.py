@@ -10,10 +10,10 @@ ext = cpu_ext.load() if cpu_ext.supported() else None
 pytestmark = pytest.mark.skipif(ext is None, reason="no AVX2 CPU, C++ compiler or ninja: the engine uses oneDNN")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 97])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 97, 600])  # 600: chunks of rows shared out
 @pytest.mark.parametrize("k, n", [(64, 128), (576, 960), (37, 5), (1536, 576), (16, 1), (8, 33)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_panel_linear_matches_torch_linear(rows, k, n, bias):
+def test_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k, n, bias):
     g = torch.Generator().manual_seed(rows * 1000 + k + n)
     x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
@@ -23,6 +23,9 @@ def test_panel_linear_matches_torch_linear(rows, k, n, bias):
     got = ext.panel_linear(x, panels, padded, n)
     assert got.shape == (rows, n)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * k ** 0.5)
+    # a row's result is the same in any block of rows, and whether the rows are split by panel or by chunk
+    for m in {1, rows // 2, rows - 1} - {0}:
+        assert torch.equal(ext.panel_linear(x[rows - m:], panels, padded, n), got[rows - m:])
 
 
 @pytest.mark.skipif(ext is None or not ext.avx512_supported(), reason="no AVX-512 on this CPU")
@@ -46,13 +49,17 @@ def test_avx512_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k
         ext.panel_linear512(x, panels, None, panels.shape[0] * 32 + 1)
 
 
-@pytest.mark.skipif(ext is None or not ext.avx512_supported(), reason="no AVX-512 on this CPU")
-@pytest.mark.parametrize("rows", [1, 14, 31, 300])
-@pytest.mark.parametrize("k, inner", [(576, 1536), (40, 24), (16, 5)])  # I a multiple of 16, and not
+@pytest.mark.parametrize("kind", ["panels", "panels512"])
+@pytest.mark.parametrize("rows", [1, 14, 31, 300])  # 300: chunks of rows shared out
+@pytest.mark.parametrize("k, inner", [(576, 1536), (40, 24), (16, 5)])  # I a multiple of 16, of 8 only, of neither
 @pytest.mark.parametrize("bias", [False, True])
-def test_fused_glu_matches_the_linear_then_silu_mul(rows, k, inner, bias):
+def test_fused_glu_matches_the_linear_then_silu_mul(kind, rows, k, inner, bias):
     from byzantium.engine.models.packed import PackedLinear
-    from byzantium.kernels.linear_choice import Panels512
+    from byzantium.kernels.linear_choice import Panels, Panels512
+    if kind == "panels512" and not ext.avx512_supported():
+        pytest.skip("no AVX-512 on this CPU")
+    kernel, glu_kernel, width = {"panels": (Panels(ext), ext.panel_glu, 8),
+                                 "panels512": (Panels512(ext), ext.panel_glu512, 16)}[kind]
     g = torch.Generator().manual_seed(rows + k + inner)
     linear = torch.nn.Linear(k, 2 * inner, bias=bias)
     with torch.no_grad():
@@ -60,28 +67,29 @@ def test_fused_glu_matches_the_linear_then_silu_mul(rows, k, inner, bias):
         if bias:
             linear.bias.copy_(torch.randn(2 * inner, generator=g))
     x = torch.randn(rows, k, generator=g) * 2
-    packed = PackedLinear(linear, {"decode": Panels512(ext), "prefill": Panels512(ext)})
+    packed = PackedLinear(linear, {"decode": kernel, "prefill": kernel})
     gate_up = packed(x)
     glu, panels, glu_bias, half = packed.repack_glu(ext)
-    assert glu is ext.panel_glu512 and half == inner and packed.glu
+    assert glu is glu_kernel and half == inner and packed.glu == width and panels.shape[0] == -(-inner // width)
     # The GEMM of each column is the same chain of FMAs in either packing: the repacked linear gives the
     # same gate_up, and the fused pass silu(gate) * up of it.
     assert torch.equal(packed(x), gate_up)
-    fused = ext.panel_glu512(x, panels, glu_bias, inner)
+    fused = glu(x, panels, glu_bias, inner)
     torch.testing.assert_close(fused, ext.silu_mul(gate_up), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(fused, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], rtol=1e-5, atol=1e-5)
-    assert torch.equal(ext.panel_glu512(x[rows // 2:], panels, glu_bias, inner), fused[rows // 2:])  # batch invariant
+    assert torch.equal(glu(x[rows // 2:], panels, glu_bias, inner), fused[rows // 2:])  # batch invariant
     assert packed.repack_glu(ext)[1] is panels  # once
     with pytest.raises(RuntimeError, match="I does not match"):
-        ext.panel_glu512(x, panels, None, panels.shape[0] * 16 + 1)
+        glu(x, panels, None, panels.shape[0] * width + 1)
 
 
-def test_engine_fuses_gate_up_with_silu_on_avx512_panels(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("kind", ["panels", "panels512"])
+def test_engine_fuses_gate_up_with_silu_on_the_panels(kind, tiny_llama, monkeypatch):
     from byzantium import Engine, SamplingParams
     from byzantium.engine.models.llama import MLP
-    if not ext.avx512_supported():
+    if kind == "panels512" and not ext.avx512_supported():
         pytest.skip("no AVX-512 on this CPU")
-    monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "panels512")
+    monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", kind)
     fused = Engine(tiny_llama[1], num_blocks=64)
     mlps = [m for m in fused.model.modules() if isinstance(m, MLP)]
     assert mlps and all(m.glu is not None for m in mlps)

@@ -244,7 +244,7 @@ class Engine:
                           "the linears are plain torch (slower on the CPU)")
             self.linear_kernels, self.linear_timings = pack_linears(model, kernels, onednn, self.dtype)
         # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU; bf16 norms and
-        # rope with avx512_bf16); gate_up fused with SiLU * up where its panels allow (fp32 AVX-512, bf16 panels).
+        # rope with avx512_bf16); gate_up fused with SiLU * up where it runs on the panels (fp32 AVX2 or AVX-512, bf16).
         compiled = (self.cpu_kernels and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
                     and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None)
         if compiled:

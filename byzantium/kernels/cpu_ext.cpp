@@ -11,6 +11,8 @@ bool prefill_supported(int64_t head_dim);
 void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping);
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N);
+torch::Tensor pack_glu(torch::Tensor w);
+torch::Tensor panel_glu(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t I);
 bool avx512_supported();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
@@ -40,6 +42,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_panels", &pack_panels, "w[N, K] -> panels [N/16, K, 16] for panel_linear", release());
   m.def("panel_linear", &panel_linear, "fp32 x[M, K] @ w.T + b with w packed by pack_panels (b padded to the panels)",
         release());
+  m.def("pack_glu", &pack_glu, "gate_up w[2I, K] -> panels [I/8, K, 16] (8 gate, 8 up) for panel_glu", release());
+  m.def("panel_glu", &panel_glu, "fp32 silu(x @ gate.T) * (x @ up.T) [M, I] from pack_glu panels", release());
   m.def("avx512_supported", &avx512_supported, "whether this CPU runs panel_linear512");
   m.def("pack_panels512", &pack_panels512, "w[N, K] -> panels [N/32, K, 32] for panel_linear512", release());
   m.def("panel_linear512", &panel_linear512, "AVX-512 fp32 x[M, K] @ w.T + b with w packed by pack_panels512",

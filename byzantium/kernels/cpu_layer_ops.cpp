@@ -76,17 +76,6 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Te
   return {out, sum};
 }
 
-// silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows): 1 / (1 + e) for g >= 0,
-// e / (1 + e) below.
-static inline __m256 silu8(__m256 g) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // exp(-|g|)
-  const __m256 denominator = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
-  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
-  const __m256 numerator = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, negative);
-  return _mm256_mul_ps(g, _mm256_div_ps(numerator, denominator));
-}
-
 // gate_up [T, 2I] (gate, then up) -> silu(gate) * up [T, I].
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.stride(1) == 1 &&

@@ -1,4 +1,4 @@
-// SIMD helpers shared by the CPU kernels: AVX2 (cpu_attention.cpp, cpu_layer_ops.cpp) and, for the
+// SIMD helpers shared by the CPU kernels: AVX2 (cpu_attention.cpp, cpu_layer_ops.cpp, cpu_gemm.cpp) and, for the
 // AVX-512 kernels (cpu_prefill_attention.cpp, cpu_decode512.cpp, the panel GEMMs), exp512 and silu_mul16
 // under their own target.
 #pragma once
@@ -21,6 +21,17 @@ static inline __m256 exp_nonpositive(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows): 1 / (1 + e) for g >= 0,
+// e / (1 + e) below.
+static inline __m256 silu8(__m256 g) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // exp(-|g|)
+  const __m256 denominator = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
+  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 numerator = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, negative);
+  return _mm256_mul_ps(g, _mm256_div_ps(numerator, denominator));
 }
 
 static inline float hsum(__m256 v) {
@@ -53,7 +64,7 @@ static inline __m512 exp512(__m512 x) {
   return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(bits));
 }
 
-// silu(g) * u, as cpu_layer_ops.cpp's silu8 computes it: sigmoid from e = exp(-|g|).
+// silu(g) * u, as silu8 above computes it: sigmoid from e = exp(-|g|).
 static inline __m512 silu_mul16(__m512 g, __m512 u) {
   const __m512 e = exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g),
                                                               _mm512_set1_epi32((int)0x80000000))));

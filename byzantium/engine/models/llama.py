@@ -198,7 +198,7 @@ class MLP(nn.Module):
 
     def use_cpu_ops(self, kernels):
         self.cpu_ops = kernels
-        repack = getattr(self.gate_up_proj, "repack_glu", None)  # a PackedLinear on the AVX-512 panels
+        repack = getattr(self.gate_up_proj, "repack_glu", None)  # a PackedLinear (on panels: it can fuse)
         self.glu = repack(kernels) if kernels is not None and repack is not None else None
 
     def forward(self, x):
@@ -273,8 +273,8 @@ class LlamaForCausalLM(nn.Module):
 
     def use_cpu_ops(self, kernels):
         """Run the norms, rotary embedding and SiLU * up on the compiled CPU kernels (fp32 rows, and the norms
-        and rope of bf16 rows where the CPU has avx512_bf16; None: torch); on AVX-512 or bf16 panels the
-        gate_up linear and SiLU * up become one pass (panel_glu512, panel_glu_bf16)."""
+        and rope of bf16 rows where the CPU has avx512_bf16; None: torch); on the fp32 or bf16 panels the
+        gate_up linear and SiLU * up become one pass (panel_glu, panel_glu512, panel_glu_bf16)."""
         bf16 = kernels is not None and kernels.avx512_bf16_supported()
         for module in self.modules():
             if isinstance(module, MLP):  # also fuses gate_up with SiLU * up where its panels allow

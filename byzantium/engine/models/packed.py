@@ -60,47 +60,51 @@ class PackedLinear(nn.Module):
             self.kernels[phase] = kernel
             self.packed[phase], self.biases[phase] = layouts[kernel.name]
 
-        self.glu = False  # packed by pack_glu512 / pack_glu_bf16 (repack_glu), for their panel_glu kernels
+        self.glu = 0  # packed by pack_glu / pack_glu512 / pack_glu_bf16 (repack_glu): gate (and up) columns a panel
 
     def forward(self, x):
         phase = _phase[0]
         rows = x.reshape(-1, self.in_features)
-        if self.glu:  # the panels' columns are interleaved 16 gate, 16 up: put them back in order
-            panels = self.packed[phase].shape[0]
-            y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], panels * 32)
+        if self.glu:  # the panels' columns are interleaved (glu gate, glu up): put them back in order
+            panels, width = self.packed[phase].shape[0], self.glu
+            y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], panels * 2 * width)
             half = self.out_features // 2
-            y = y.view(-1, panels, 2, 16).transpose(1, 2).reshape(-1, 2, panels * 16)[:, :, :half].reshape(-1, 2 * half)
+            y = y.view(-1, panels, 2, width).transpose(1, 2).reshape(-1, 2, panels * width)[:, :, :half]
+            y = y.reshape(-1, 2 * half)
         else:
             y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
 
     def repack_glu(self, kernels):
-        """Repack a fused gate_up weight [2I, K] held on the AVX-512 panels (fp32: `kernels.panel_glu512`) or the
-        bf16 panels (`kernels.panel_glu_bf16`), whose blocks compute silu(gate) * up as they go. Returns
-        (glu kernel, panels, bias or None, I), or None where it does not apply (another kernel in some phase)."""
+        """Repack a fused gate_up weight [2I, K] held on the panels (fp32: `kernels.panel_glu`, AVX-512:
+        `kernels.panel_glu512`) or the bf16 panels (`kernels.panel_glu_bf16`), whose blocks compute
+        silu(gate) * up as they go. Returns (glu kernel, panels, bias or None, I), or None where it does not
+        apply (another kernel in some phase)."""
         names = {k.name for k in self.kernels.values()}
-        if names == {"panels512"} and kernels.avx512_supported():
-            pack, glu = kernels.pack_glu512, kernels.panel_glu512
+        if names == {"panels"}:
+            pack, glu, width = kernels.pack_glu, kernels.panel_glu, 8
+        elif names == {"panels512"} and kernels.avx512_supported():
+            pack, glu, width = kernels.pack_glu512, kernels.panel_glu512, 16
         elif names == {"panels_bf16"} and kernels.avx512_bf16_supported():
-            pack, glu = kernels.pack_glu_bf16, kernels.panel_glu_bf16
+            pack, glu, width = kernels.pack_glu_bf16, kernels.panel_glu_bf16, 16
         else:
             return None
         if not self.glu:
             phase = next(iter(self.packed))
             packed, bias, half = self.packed[phase], self.biases[phase], self.out_features // 2
-            if packed.dim() == 3:  # fp32 panels [P, K, 32]
+            if packed.dim() == 3:  # fp32 panels [P, K, 16 or 32]
                 weight = packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
             else:  # bf16 panels [P, K/2, 32, 2]
                 weight = packed.permute(0, 2, 1, 3).reshape(packed.shape[0] * 32, -1)[:self.out_features, :self.in_features]
             packed = pack(weight.contiguous())
             if bias is not None:
                 panels = packed.shape[0]
-                gate, up = (torch.cat([b, b.new_zeros(panels * 16 - half)]).view(panels, 16)
+                gate, up = (torch.cat([b, b.new_zeros(panels * width - half)]).view(panels, width)
                             for b in (bias[:half], bias[half:2 * half]))
                 bias = torch.cat([gate, up], dim=1).flatten()
             self.packed = dict.fromkeys(self.packed, packed)
             self.biases = dict.fromkeys(self.biases, bias)
-            self.glu = True
+            self.glu = width
         phase = next(iter(self.packed))
         return glu, self.packed[phase], self.biases[phase], self.out_features // 2
 
