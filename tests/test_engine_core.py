@@ -181,3 +181,20 @@ def test_fallbacks_are_logged_once_with_the_reason(monkeypatch, caplog):
         monkeypatch.undo()
         cpu_ext.load.cache_clear()
         kernels.warn_once.cache_clear()
+
+
+def test_bf16_on_a_cpu_without_bf16_units_is_said_once(tiny_llama, monkeypatch, caplog):
+    from byzantium import kernels
+    from byzantium.engine import engine as engine_module
+    _, path = tiny_llama
+    for has_units in (True, False):
+        kernels.warn_once.cache_clear()
+        caplog.clear()
+        monkeypatch.setattr(engine_module, "cpu_has_bf16_units", lambda: has_units)
+        with caplog.at_level(logging.WARNING, logger="byzantium"):
+            Engine(path, num_blocks=16, dtype="bfloat16", cpu_packed_linears=False, attention_backend="torch")
+            Engine(path, num_blocks=16, dtype="float32", cpu_packed_linears=False, attention_backend="torch")
+        said = [r.getMessage() for r in caplog.records if "no bf16 units" in r.getMessage()]
+        assert len(said) == (0 if has_units else 1) and all("dtype='float32'" in m for m in said)
+    kernels.warn_once.cache_clear()
+    assert engine_module.cpu_has_bf16_units() in (True, False)  # the real probe runs on this torch
