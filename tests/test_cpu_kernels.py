@@ -368,13 +368,18 @@ def test_row_limit_is_measured_once_per_machine_and_head_shape(tmp_path, monkeyp
     cpu.row_limit.cache_clear()
     monkeypatch.setattr(cpu, "_measure_row_limit", lambda *a: pytest.fail("measured again"))
     assert cpu.row_limit(4, 2, 64, 16) == limit
-    # On a busy machine: the fixed fallback, not cached.
+    # On a busy machine: the fixed fallback, kept (later starts agree with it).
     monkeypatch.undo()
     monkeypatch.setenv("BYZANTIUM_CACHE", str(tmp_path / "busy"))
     monkeypatch.setattr(linear_choice, "noisy", lambda samples: True)
     cpu.row_limit.cache_clear()
     assert cpu.row_limit(4, 2, 64, 16) == cpu.BUSY_ROW_LIMIT
-    assert not json.loads((tmp_path / "busy" / "linear_choice.json").read_text())[linear_choice.machine_key()]
+    (kept,) = json.loads((tmp_path / "busy" / "linear_choice.json").read_text())[linear_choice.machine_key()].values()
+    assert kept["busy"] and kept["limit"] == cpu.BUSY_ROW_LIMIT
+    cpu.row_limit.cache_clear()
+    monkeypatch.setattr(linear_choice, "noisy", lambda samples: False)
+    monkeypatch.setattr(cpu, "_measure_row_limit", lambda *a: pytest.fail("measured again"))
+    assert cpu.row_limit(4, 2, 64, 16) == cpu.BUSY_ROW_LIMIT
     cpu.row_limit.cache_clear()
 
 

@@ -6,6 +6,12 @@ for each (in_features, out_features) shape of a model and each phase of a step, 
 once per machine and the winner is cached in $BYZANTIUM_CACHE/linear_choice.json, keyed by the CPU, the
 thread count, the torch version and the kernels' sources (a changed kernel is timed again).
 
+The kernels decide the rounding, and so a sampled transcript: on one machine every process must use the
+same ones, however busy the machine was when it started. So a choice, once made, is kept: when another
+process had the cores while timing (twice), the first admitted candidate (the panel GEMM for the CPU's
+instruction set) is chosen and cached too, marked "busy"; `BYZANTIUM_LINEAR_KERNELS=measure` on a quiet
+machine times every shape again and replaces what the cache holds.
+
 Both phases are timed: decode rows (one token per request, at 1, 8 and 32 rows with the weights
 streamed from memory) and prefill rows (PREFILL_ROWS rows); each shape then takes the one kernel with
 the lowest sum. Not a kernel per phase, nor per row count: a token's K/V must be the same whether a
@@ -33,7 +39,8 @@ STREAM_BYTES = 96 * 2**20  # decode timing cycles through this many weight bytes
 BATCH_HINT = 32  # oneDNN picks its blocking for this batch; measured best across batch 1..512
 ROUNDS = 5  # interleaved timing rounds per row count
 NOISE = 1.5  # median over best above this: another process had the cores, the timings are not used
-_unsaved = {}  # shapes timed on a busy machine: the fallback choice, for this process only
+TRIES = 2  # timings of a shape before a busy machine gets the fallback
+_remeasured = set()  # cache keys timed again by this process (BYZANTIUM_LINEAR_KERNELS=measure)
 
 
 class Candidate:
@@ -194,11 +201,18 @@ def time_shape(candidates, weights, in_features, generator):
     return seconds, busy
 
 
+def cache_path():
+    """$BYZANTIUM_KERNEL_CHOICE (a file: tests, or a fresh choice without rebuilding the kernels), else
+    $BYZANTIUM_CACHE/linear_choice.json."""
+    env = os.environ.get("BYZANTIUM_KERNEL_CHOICE")
+    return Path(env).expanduser() if env else cache_root() / "linear_choice.json"
+
+
 @contextlib.contextmanager
 def locked_cache():
     """The per-machine kernel choices (these linears', kernels/cpu.py's attention paths), read and written
     under an exclusive lock: processes that start together (Ray replicas) measure once and agree."""
-    path = cache_root() / "linear_choice.json"
+    path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -214,11 +228,16 @@ def locked_cache():
             tmp.replace(path)
 
 
+def remeasure() -> bool:
+    """$BYZANTIUM_LINEAR_KERNELS=measure: time again what the cache holds (after a choice made on a busy machine)."""
+    return os.environ.get("BYZANTIUM_LINEAR_KERNELS", "").strip() == "measure"
+
+
 def forced_choice(available):
     """$BYZANTIUM_LINEAR_KERNELS=panels|panels512|panels_bf16|onednn|torch forces one kernel for every shape and phase (benchmarks,
-    debugging); unset or "auto": measure."""
+    debugging); unset or "auto": the cached choice, measured once per machine; "measure": measured again."""
     forced = os.environ.get("BYZANTIUM_LINEAR_KERNELS", "auto").strip() or "auto"
-    if forced == "auto":
+    if forced in ("auto", "measure"):
         return None
     names = [c.name for c in available]
     if forced not in names:
@@ -242,26 +261,30 @@ def choose(weights_by_shape, available):
         for (k, n), weights in weights_by_shape.items():
             dtype = str(weights[0].dtype).removeprefix("torch.")
             key = f"{k}x{n} {dtype} {'+'.join(c.name for c in available)} one-kernel"
-            entry = machine.get(key) or _unsaved.get(key)
+            entry = machine.get(key)
+            if remeasure() and key not in _remeasured:
+                entry = None
+                _remeasured.add(key)
             if entry is None:
                 invariant = [c for c in available if batch_invariant(c, weights[0], generator)] or available[:1]
-                timings, busy = time_shape(invariant, weights, k, generator)
+                for _ in range(TRIES):
+                    timings, busy = time_shape(invariant, weights, k, generator)
+                    if not busy:
+                        break
                 # One kernel for both phases: a token's K/V must not depend on whether a decode or a prefill
                 # pass computed it (sessions, prefix-cache hits and replays reuse them across phases).
                 best = min(timings, key=lambda c: timings[c]["decode"] + timings[c]["prefill"])
-                entry = {phase: best for phase in PHASES}
-                entry["seconds"] = timings
+                entry = {**{phase: best for phase in PHASES}, "seconds": timings}
                 measured[(k, n)] = timings
-                if busy:  # noisy timings choose nothing: the first candidate, for this process only
+                if busy:  # noisy timings choose nothing; the fixed fallback is kept, so that later starts agree
                     entry = {**{phase: invariant[0].name for phase in PHASES}, "seconds": timings, "busy": True}
-                    _unsaved[key] = entry
-                    warn_once(f"byzantium: the machine was busy while timing the CPU linear kernels; this process "
-                              f"uses {invariant[0].name} and the next start measures again")
-                else:
-                    machine[key] = entry
+                    warn_once(f"byzantium: the machine was busy while timing the CPU linear kernels; {invariant[0].name} "
+                              f"is chosen and kept for this machine (rerun once with BYZANTIUM_LINEAR_KERNELS=measure "
+                              f"on a quiet machine to time them again)")
+                machine[key] = entry
             choices[(k, n)] = {phase: entry[phase] for phase in PHASES}
     return choices, measured
 
 
 __all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Panels512", "PanelsBF16", "Torch", "batch_invariant", "candidates", "choose",
-           "cpu_name", "locked_cache", "machine_key"]
+           "cache_path", "cpu_name", "locked_cache", "machine_key", "remeasure"]
