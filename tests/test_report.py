@@ -299,9 +299,19 @@ def test_bootstrap_intervals():
     values = [1, 0, 1, 1, 0, 1, 0, 1]
     point, lo, hi = mean_ci(values)
     assert point == 5 / 8 and lo < point < hi and mean_ci(values) == (point, lo, hi)  # seeded: reproducible
-    assert mean_ci([1, 1, 1]) == (1.0, 1.0, 1.0) and mean_ci([]) == (None, None, None)
+    assert mean_ci([1, 1, 1])[:2] == (1.0, pytest.approx(0.4385, abs=1e-4)) and mean_ci([]) == (None, None, None)
     assert ratio_ci([(3, 5), (1, 5)])[0] == pytest.approx(0.4)
     assert diff_ci({"a": 0, "b": 1, "c": 1}, {"a": 1, "b": 1, "d": 0})[0] == pytest.approx(0.5)  # a, b only
     assert mean_of_means_ci([[1, 1], [0, 0, 0, 0]]) == (0.5, 0.5, 0.5)  # not the pooled 1/3
     point, lo, hi = mean_of_means_ci([[1, 0, 1], [0, 0, 1, 1]])
     assert lo <= point <= hi and point == pytest.approx((2 / 3 + 1 / 2) / 2)
+
+
+def test_accuracy_interval_keeps_its_width_at_0_of_n_and_n_of_n():
+    from byzantium.experiments.bootstrap import mean_ci, wilson
+    lo0, hi0 = mean_ci([0, 0, 0])[1:]
+    lo1, hi1 = mean_ci([1, 1, 1])[1:]
+    assert lo0 == 0.0 and 0.5 < hi0 < 0.6  # Wilson at 0/3: [0, 56.1 %], not [0, 0]
+    assert hi1 == 1.0 and abs(lo1 - (1 - hi0)) < 1e-12  # symmetric at n/n
+    p, lo, hi = wilson(7, 10)
+    assert p == 0.7 and abs(lo - 0.3968) < 1e-3 and abs(hi - 0.8922) < 1e-3  # the textbook values

@@ -5,8 +5,12 @@
     diff_ci({"q1": 1, ...}, {"q1": 0})    -> (Δ, lo, hi)        paired over the problems both have
 
 Problems are the unit that is resampled (with replacement); answers nested in a problem (MAJ votes,
-RRMaj trajectories) move together. Percentile intervals, 95 % by default.
+RRMaj trajectories) move together. Percentile intervals, 95 % by default, except for a mean of 0/1
+values (an accuracy): there the Wilson score interval, which keeps its width at 0/n and n/n, where every
+resample is the same and a percentile interval would be [0, 0].
 """
+import math
+
 import numpy as np
 
 BOOT = 2000  # resamples
@@ -31,8 +35,20 @@ def ratio_ci(pairs, seed=SEED, boot=BOOT, level=LEVEL):
     return float(num.sum() / den.sum()), float(lo), float(hi)
 
 
+def wilson(k, n, level=LEVEL):
+    """(k/n, lo, hi): the Wilson score interval of a proportion."""
+    from statistics import NormalDist
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    p = k / n
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
 def mean_ci(values, seed=SEED, boot=BOOT, level=LEVEL):
-    """(mean, lo, hi) of per-problem values (None values are left out)."""
+    """(mean, lo, hi) of per-problem values (None values are left out); Wilson when every value is 0 or 1."""
+    values = [float(v) for v in values if v is not None]
+    if values and all(v in (0.0, 1.0) for v in values):
+        return wilson(sum(values), len(values), level)
     return ratio_ci([(v, 1) for v in values if v is not None], seed, boot, level)
 
 

@@ -222,6 +222,11 @@ def byzantine(cells) -> list:
 
 # ---------------------------------------------------------------------------- resilience
 
+def _points(t):
+    """An interval of a [0, 1] score in points (computed on the score, so that pass@1 gets its Wilson interval)."""
+    return None if t is None or t[0] is None else tuple(100 * x for x in t)
+
+
 def resilience(cells):
     """resilience_report's rows and means by structure, each score with its interval (points), or None."""
     from .resilience import resilience_report
@@ -242,7 +247,7 @@ def resilience(cells):
         faulty = index.get((row["system"], row["task"], row["fault"], "none")) if row["fault"] else None
         defended = index.get((row["system"], row["task"], row["fault"], row["defense"])) if row["defense"] else None
         for name, cell in (("clean", clean), ("faulty", faulty), ("defended", defended)):
-            row[name + "_ci"] = mean_ci(points(cell).values()) if cell else None
+            row[name + "_ci"] = _points(mean_ci(per_problem(cell).values())) if cell else None
             row[name + "_cell"] = cell
         # drop = clean - faulty, paired over problems
         row["drop_ci"] = diff_ci(points(faulty), points(clean)) if clean and faulty else None
