@@ -239,3 +239,23 @@ def test_a_resilience_run_scores_around_an_error_row(tmp_path, capsys):
     assert summary["score"] == 1.0 and summary["instances"] == 2 and summary["errors"] == 1
     assert summary["failed"] == [tasks[1].id] and not summary["complete"]
     assert "over 2/3 problems, 1 failed" in capsys.readouterr().out
+
+
+def test_a_resumed_run_counts_every_invocations_cost(tmp_path):
+    # The cost table once read the last invocation only (RRMaj/MAJ decode 1.59 instead of 1.12).
+    from byzantium.experiments.runner import COSTS
+    counter = {"decode_tokens": 0}
+
+    async def solve(item):
+        counter["decode_tokens"] += 10 * item
+        return {"value": item}
+
+    stats = lambda: dict(counter)
+    run_instances([1, 2], solve, tmp_path, key=str, stats=stats)
+    run_instances([1, 2, 3], solve, tmp_path, key=str, stats=stats)  # resumed: runs 3 only
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cost"]["decode_tokens"] == 60 and summary["cost"]["instances"] == 3
+    assert summary["cost"]["invocations"] == 2
+    lines = [json.loads(x) for x in (tmp_path / COSTS).read_text().splitlines()]
+    assert [x["ids"] for x in lines] == [["1", "2"], ["3"]] and [x["decode_tokens"] for x in lines] == [30, 30]
+    assert all("seconds" not in r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines()))

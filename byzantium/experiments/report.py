@@ -156,9 +156,12 @@ def cost_table(cells):
             spec = "{:,.1f}" if key == "seconds" else "{:,.0f}"
             rows.append([p["label"], name, _num(p["sides"]["maj"][key], spec), _num(p["sides"]["rrmaj"][key], spec),
                          _num(p["ratio"][key], "{:.2f}")])
-    notes = ["from each run's summary.json: the engine's counters over the run, and its wall seconds (of the "
-             "run's last invocation, when it was resumed). Cells of one sweep share an engine: its prefix "
+    notes = ["from each run's costs.jsonl: the engine's counters and wall seconds summed over every invocation of "
+             "the run (a resumed run counts each instance once, in the invocation that ran it). Cells of one sweep share an engine: its prefix "
              "cache carries over from earlier cells, so prefill and cache hits depend on the order they ran in."]
+    last = sorted({name for p in pairs for name in p["last_only"]})
+    if last:
+        notes.append(f"{', '.join(last)}: written before costs.jsonl: the last invocation's counters only.")
     old = sorted({name for p in pairs for name in p["cumulative"]})
     if old:
         notes.append(f"{', '.join(old)}: written before counters were kept per run; an engine shared with earlier "

@@ -191,11 +191,14 @@ def cost_pairs(cells) -> list:
             continue
         sides = {}
         for name, c in (("maj", m), ("rrmaj", r)):
-            e = c.summary["engine"]
-            sides[name] = {k: e.get(k) for k in ENGINE} | {"seconds": c.summary.get("seconds")}
+            # costs.jsonl's sum over every invocation (a resumed run); older runs: their last invocation only
+            e = c.summary.get("cost") or c.summary["engine"]
+            sides[name] = {k: e.get(k) for k in ENGINE} | {"seconds": e.get("seconds", c.summary.get("seconds"))}
         ratio = {k: sides["rrmaj"][k] / sides["maj"][k] if sides["maj"][k] else None for k in sides["maj"]}
         out.append(dict(label=f"{r.name} / {m.name}", maj=m, rrmaj=r, sides=sides, ratio=ratio,
-                        cumulative=[c.name for c in (m, r) if not c.summary["engine"].get("since_start")]))
+                        cumulative=[c.name for c in (m, r) if not c.summary.get("cost")
+                                    and not c.summary["engine"].get("since_start")],
+                        last_only=[c.name for c in (m, r) if not c.summary.get("cost")]))
     return out
 
 

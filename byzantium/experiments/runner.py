@@ -31,7 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
-RESULTS, SUMMARY = "results.jsonl", "summary.json"
+RESULTS, SUMMARY, COSTS = "results.jsonl", "summary.json", "costs.jsonl"
+COUNTED = ("decode_tokens", "prefill_tokens", "cached_tokens", "prefill_seconds", "decode_seconds")
 MAX_ATTEMPTS = 3  # runs of one instance on replicas that keep dying, before it becomes an error row
 
 
@@ -122,6 +123,35 @@ def check_resume(out, config):
         diff = sorted(k for k in set(old) | set(to_json(config)) if old.get(k) != to_json(config).get(k))
         raise ValueError(f"{out} holds results of a different configuration (differs in: {', '.join(diff)}); "
                          f"use another --out")
+
+
+def _counters(stats):
+    try:
+        got = (stats() or {}) if stats else {}
+        return {k: got.get(k, 0) or 0 for k in COUNTED}
+    except Exception:  # stats are a nicety; never let them stop a run
+        return {k: 0 for k in COUNTED}
+
+
+def add_cost(out, ids, seconds, before, after):
+    """Append one invocation's cost (its instances, wall seconds, the engine counters it moved) to
+    OUT/costs.jsonl, kept apart from results.jsonl so that the results are the same bytes on any run.
+    Returns every invocation's total: a resumed run counts the instances of each of its invocations."""
+    path = Path(out) / COSTS
+    line = {"ids": list(ids), "seconds": seconds, **{k: after[k] - before[k] for k in COUNTED}}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+    total = {"invocations": 0, "instances": 0, "seconds": 0.0, **{k: 0 for k in COUNTED}}
+    for raw in path.read_text().splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        total["invocations"] += 1
+        total["instances"] += len(entry.get("ids") or [])
+        for k in ("seconds", *COUNTED):
+            total[k] += entry.get(k) or 0
+    return total
 
 
 def _tokens(stats):
@@ -266,7 +296,9 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
     re-raised; rerun with the same OUT to finish."""
     check_resume(out, config)
     start = time.perf_counter()
+    counters = _counters(stats)
     complete = False
+    added = []
     placed = {}  # the placement's report (replicas, retries), when there is one
     try:
         done, added = asyncio.run(run_async(items, solve, out, key, concurrency, stats, desc, progress, placement,
@@ -281,9 +313,11 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
         wanted = {str((key or (lambda item: item.id))(item)) for item in items}
         records, failed = split_errors([r for r in records if r["id"] in wanted])
         summary = dict(summarize(records)) if summarize else {}
-        summary.update(config=config, instances=len(records), errors=len(failed), failed=failed, total=len(items),
+        seconds = time.perf_counter() - start
+        cost = add_cost(out, [r["id"] for r in added], seconds, counters, _counters(stats)) if Path(out).exists() else None
+        summary.update(cost=cost, config=config, instances=len(records), errors=len(failed), failed=failed, total=len(items),
                        complete=complete and len(records) == len(items),
-                       seconds=time.perf_counter() - start, **placed)
+                       seconds=seconds, **placed)
         write_summary(out, summary)
     if failed:
         print(f"byzantium: {len(failed)} of {len(items)} instances failed ({', '.join(failed[:5])}"
