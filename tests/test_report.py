@@ -107,7 +107,8 @@ def test_cells_table_matches_the_runs(runs):
     sweep, res = runs
     t = tables([sweep])
     assert list(t["Cells"][0]) == ["table", "cell", "method", "settings", "n", "errors",
-                                   "parse failures (final / voters)", "metric", "ours [95% CI]", "paper", "status"]
+                                   "parse failures (final / voters)", "truncated", "metric", "ours [95% CI]", "paper",
+                                   "status"]
     rows = {r["cell"]: r for r in t["Cells"]}
     assert set(rows) == {name for name, *_ in CT} | {"sac", "cpwbft", "never-ran"}
     for name, method, c, k in CT:
@@ -118,6 +119,12 @@ def test_cells_table_matches_the_runs(runs):
         voters = [v for r in good for v in r.get("agents") or r.get("trajectories")]
         assert row["parse failures (final / voters)"] == (f"{sum(r['answer'] is None for r in good)} / "
                                                           f"{sum(v['answer'] is None for v in voters)}")
+        if method in ("rr", "rrmaj"):  # the share of trajectories that hit L
+            ts = [t for r in good for t in (r.get("trajectories") or [r])]
+            cut = sum(t["finish_reason"] == "length" for t in ts)
+            assert row["truncated"] == f"{100 * cut / len(ts):.0f}% ({cut}/{len(ts)})"
+        else:
+            assert row["truncated"] == "–"
     assert rows["maj-0c"]["errors"] == "1"  # the row added by hand
     assert rows["never-ran"]["status"] == "failed: out of memory" and rows["never-ran"]["ours [95% CI]"] == "–"
 
@@ -315,3 +322,14 @@ def test_accuracy_interval_keeps_its_width_at_0_of_n_and_n_of_n():
     assert hi1 == 1.0 and abs(lo1 - (1 - hi0)) < 1e-12  # symmetric at n/n
     p, lo, hi = wilson(7, 10)
     assert p == 0.7 and abs(lo - 0.3968) < 1e-3 and abs(hi - 0.8922) < 1e-3  # the textbook values
+
+
+def test_a_cell_whose_mechanism_did_nothing_says_so():
+    from byzantium.experiments import report_data
+    from byzantium.experiments.report_cells import Cell
+    zero = Cell("maj-0", "maj", {}, records=[{"id": str(i), "correct": False, "answer": "3", "agents": []} for i in range(3)])
+    unparsed = Cell("maj-u", "maj", {}, records=[{"id": "a", "correct": False, "answer": None, "agents": []}])
+    fine = Cell("maj-ok", "maj", {}, records=[{"id": "a", "correct": True, "answer": "4", "agents": []}])
+    rows = {r["cell"].name: r for r in report_data.cell_rows([zero, unparsed, fine])}
+    assert rows["maj-0"]["idle"].startswith("0 on every problem")
+    assert rows["maj-u"]["idle"] == "every final answer unparsed" and rows["maj-ok"]["idle"] is None

@@ -53,13 +53,17 @@ def cells_table(cells) -> Table:
         c = r["cell"]
         total = f"{r['n']}/{r['total']}" if r["total"] is not None else str(r["n"])
         status = c.status + (f": {c.error}" if c.error else "")
+        cut = r["truncated"]
         rows.append([c.name, c.method, data.label(cells, c, ("method",)), total, str(r["errors"]),
-                     f"{r['parse_final']} / {r['parse_voters']}", metric_name(c), pct(r["value"]),
-                     format_published(r["published"]), status])
-    return Table("Cells", ["cell", "method", "settings", "n", "errors", "parse failures (final / voters)", "metric",
-                           "ours [95% CI]", "paper", "status"], rows,
-                 ["n: problems with a result (of the run's total); errors: error rows (an instance that raised); "
-                  "parse failures: unreadable final answers / unreadable answers of voters or agents."])
+                     f"{r['parse_final']} / {r['parse_voters']}",
+                     "–" if not cut or not cut[1] else f"{100 * cut[0] / cut[1]:.0f}% ({cut[0]}/{cut[1]})",
+                     metric_name(c), pct(r["value"]), format_published(r["published"]), status])
+    notes = ["n: problems with a result (of the run's total); errors: error rows (an instance that raised); "
+             "parse failures: unreadable final answers / unreadable answers of voters or agents; truncated: "
+             "RR/RRMaj trajectories that reached the length limit L before an agent ended them."]
+    notes += [f"{r['cell'].name}: {r['idle']}." for r in data.cell_rows(cells) if r["idle"]]
+    return Table("Cells", ["cell", "method", "settings", "n", "errors", "parse failures (final / voters)", "truncated",
+                           "metric", "ours [95% CI]", "paper", "status"], rows, notes)
 
 
 def published_table(cells, sweeps):

@@ -37,13 +37,34 @@ def label(cells, cell, drop=()):
 
 # ---------------------------------------------------------------------------- every cell
 
+def truncated(cell):
+    """(RR/RRMaj trajectories that hit the length limit L, trajectories), or None for other methods."""
+    if cell.method not in ("rr", "rrmaj"):
+        return None
+    ts = [t for r in cell.records for t in (r.get("trajectories") or [r])]
+    return sum(t.get("finish_reason") == "length" for t in ts), len(ts)
+
+
+def idle(cell, fails):
+    """Why the cell's number says nothing about the mechanism (every answer unparsed, every score 0), or None."""
+    if not cell.records:
+        return None
+    if cell.method in ("maj", "rr", "rrmaj", "sac", "cpwbft") and all(f[0] for f in fails):
+        return "every final answer unparsed"
+    values = [v for v in per_problem(cell).values() if v is not None]
+    if values and not any(values):
+        return "0 on every problem: the model never got one right, the comparison is empty"
+    return None
+
+
 def cell_rows(cells) -> list:
     rows = []
     for c in cells:
         fails = [parse_failures(c, r) for r in c.records]
         rows.append(dict(cell=c, n=len(c.records), errors=c.errors, total=(c.summary or {}).get("total"),
                          parse_final=sum(f[0] for f in fails), parse_voters=sum(f[1] for f in fails),
-                         value=ci(c) if c.records else None, published=published_for(c)))
+                         value=ci(c) if c.records else None, published=published_for(c),
+                         truncated=truncated(c), idle=idle(c, fails)))
     return rows
 
 
