@@ -231,6 +231,11 @@ def test_plain_directories_several_at_once_and_resilience(runs):
         assert point(line[cond]) == pct(s["score"])
     assert point(line["drop"]) == pytest.approx(point(line["clean"]) - point(line["faulty"]), abs=0.11)
     assert t["Resilience by structure"][0]["paper drop"] == "23.7"
+    # An AutoInject run that rewrote nothing is said to be inert (its drop is 0 by construction).
+    rewrote = json.loads((res / "self-collab" / "autoinject" / "summary.json").read_text())["messages"][
+        "inject_pieces_rewritten"]
+    (table,) = [x for x in build_report([res]) if x.title == "Resilience by system"]
+    assert any("AutoInject rewrote no piece" in n for n in table.notes) == (rewrote == 0)
 
 
 def test_every_interval_holds_its_point_and_formats_parse(runs):

@@ -214,10 +214,14 @@ def resilience_tables(cells) -> list:
     structures = [[s["structure"], s["task"], s["fault"] or "–", s["defense"] or "–", str(len(s["systems"])),
                    pts(s["clean_ci"]), pts(s["faulty_ci"]), pts(s["defended_ci"]), pts(s["drop_ci"], True),
                    share(s["recovered"], s["note"]), _num(s["paper_drop"], "{:.1f}")] for s in report["structures"]]
+    inert = sorted({f"{r['system']} ({r['task']})" for r in report["rows"] if r.get("inert")})
+    notes = ["points (pass@1 or accuracy %), 95% CI over problems (Wilson for pass/fail scores); drop = clean - "
+             "faulty (paired); recovered = (defended - faulty) / (clean - faulty)."]
+    if inert:
+        notes.append(f"AutoInject rewrote no piece of any message in {', '.join(inert)}: the faulty run is the clean "
+                     "one, so its drop is 0 by construction and says nothing about resilience.")
     return [Table("Resilience by system", ["system", "structure", "task", "fault", "defence", "clean", "faulty",
-                                           "defended", "drop", "recovered", "paper"], rows,
-                  ["points (pass@1 or accuracy %), 95% bootstrap CI over problems; drop = clean - faulty (paired); "
-                   "recovered = (defended - faulty) / (clean - faulty)."]),
+                                           "defended", "drop", "recovered", "paper"], rows, notes),
             Table("Resilience by structure", ["structure", "task", "fault", "defence", "systems", "clean", "faulty",
                                               "defended", "drop", "recovered", "paper drop"], structures,
                   ["means over the structure's systems, CI over problems (systems' scores averaged per problem)."])]

@@ -273,6 +273,9 @@ def resilience(cells):
         for name, cell in (("clean", clean), ("faulty", faulty), ("defended", defended)):
             row[name + "_ci"] = _points(mean_ci(per_problem(cell).values())) if cell else None
             row[name + "_cell"] = cell
+        # AutoInject that rewrote no piece left the faulty run clean: its drop is 0 by construction
+        rewrote = ((faulty.summary or {}).get("messages") or {}).get("inject_pieces_rewritten") if faulty else None
+        row["inert"] = row["fault"] == "autoinject" and faulty is not None and not rewrote
         # drop = clean - faulty, paired over problems
         row["drop_ci"] = diff_ci(points(faulty), points(clean)) if clean and faulty else None
         row["published"] = list({id(p): p for cell in (clean, faulty, defended) if cell
