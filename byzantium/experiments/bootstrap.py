@@ -55,7 +55,7 @@ def mean_ci(values, seed=SEED, boot=BOOT, level=LEVEL):
 def diff_ci(a, b, seed=SEED, boot=BOOT, level=LEVEL):
     """(mean of b - a, lo, hi), paired over the problem ids both dicts have (id -> value)."""
     common = [k for k in a if k in b and a[k] is not None and b[k] is not None]
-    return mean_ci([b[k] - a[k] for k in common], seed, boot, level)
+    return ratio_ci([(b[k] - a[k], 1) for k in common], seed, boot, level)  # differences: not a proportion
 
 
 def mean_of_means_ci(groups, seed=SEED, boot=BOOT, level=LEVEL):
