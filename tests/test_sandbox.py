@@ -393,3 +393,28 @@ def test_extract_code_prefers_a_complete_block_to_one_cut_off():
     text = ("Tested:\n```python\ndef f(x):\n    return x + 1\n```\nOnce more:\n```python\ndef f(x):\n    ret")
     assert extract_code(text, "f") == "def f(x):\n    return x + 1\n"
     assert extract_code("```python\ndef f(x):\n    re", "f") == "def f(x):\n    re"  # only a cut-off one: still used
+
+
+# Verdicts: each of these completions is wrong and tries to be scored as passed.
+@pytest.mark.parametrize("completion", [
+    "def double(x):\n    raise SystemExit(0)\n",
+    "import os\nos._exit(0)\ndef double(x):\n    return 0\n",
+    "import atexit, os\natexit.register(os._exit, 0)\ndef double(x):\n    return 0\n",
+    "import sys\nsys.exit(0)\n",
+    "class Any:\n    def __eq__(self, other):\n        return True\n\ndef double(x):\n    return Any()\n",
+    "class Any(int):\n    def __eq__(self, other):\n        return True\n\ndef double(x):\n    return [Any(0)]\n",
+    # Its own test blocks: the second one used to survive and exit 0 before check() ran.
+    "def double(x):\n    return x\n\nif __name__ == '__main__':\n    print(double(2))\n\n"
+    "import unittest\nif __name__ == \"__main__\":\n    unittest.main()\n",
+    "def double(x):\n    return x\n\nif '__main__' == __name__:\n    import sys; sys.exit(0)\n",
+])
+def test_humaneval_early_exits_and_forged_values_fail(completion):
+    assert check_humaneval(PROBLEM, completion, timeout_s=5).status == "failed"
+
+
+def test_every_main_block_is_removed_and_the_right_solution_still_passes():
+    completion = ("def double(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    print(1)\n\n"
+                  "import unittest\nif __name__ == '__main__':\n    unittest.main()\n")
+    program = humaneval_program(PROBLEM["prompt"], completion, PROBLEM["test"], PROBLEM["entry_point"])
+    assert "unittest.main" not in program and "print(1)" not in program
+    assert check_humaneval(PROBLEM, completion).status == "passed"

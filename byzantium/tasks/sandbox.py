@@ -33,8 +33,10 @@ Status rule:
     "failed"   any other non-zero exit (an exception, a failed assert, sys.exit(1))
 """
 
+import ast
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -290,20 +292,54 @@ def humaneval_program(prompt, completion, test, entry_point):
         if lines and not any(line[:1].isspace() for line in lines if line.strip()):
             lines = ["    " + line if line.strip() else line for line in lines]
         body = "\n".join(lines)
-    return f"{prompt}{body}\n\n{test}\n\ncheck({entry_point})\n"
+    return f"{prompt}{body}\n\n{test}\n\n{_GUARD}\ncheck(_byz_guard({entry_point}))\n"
+
+
+# Wraps the candidate: a value whose type the program itself defined (in __main__; an __eq__ that
+# is always true, say) is a failure, also inside lists, tuples, sets and dicts.
+_GUARD = '''def _byz_guard(f):
+    def own(v, depth=0):
+        t = type(v)
+        if t.__module__ == "__main__":
+            return True
+        if depth < 20 and t in (list, tuple, set, frozenset):
+            return any(own(x, depth + 1) for x in v)
+        if depth < 20 and t is dict:
+            return any(own(x, depth + 1) for x in v) or any(own(x, depth + 1) for x in v.values())
+        return False
+    def run(*args, **kwargs):
+        out = f(*args, **kwargs)
+        if own(out):
+            raise AssertionError("the solution returned a value of a type it defined itself")
+        return out
+    return run
+'''
 
 
 def _drop_main_block(code):
-    """Remove a top-level `if __name__ == "__main__":` block: it would run demos (or wait on
-    input) inside the test program."""
+    """Remove every top-level `if __name__ == "__main__":` block, found on the syntax tree: a
+    second block (say one that runs unittest.main()) would otherwise exit before check() runs.
+    Code that does not parse is left as it is: it fails in the sandbox anyway."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return code
     lines = code.splitlines()
-    for i, line in enumerate(lines):
-        if re.match(r"if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", line):
-            end = i + 1
-            while end < len(lines) and (not lines[end].strip() or lines[end][:1].isspace()):
-                end += 1
-            return "\n".join(lines[:i] + lines[end:])
-    return code
+    drop = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            drop.update(range(node.lineno - 1, node.end_lineno))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def _is_main_test(test):
+    """`__name__ == "__main__"`, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(consts) == 1
 
 
 def check_humaneval(task, completion, timeout_s=10.0, memory_mb=1024, isolation="namespace"):
@@ -314,5 +350,15 @@ def check_humaneval(task, completion, timeout_s=10.0, memory_mb=1024, isolation=
         prompt, test, entry_point = fields["prompt"], fields["test"], fields["entry_point"]
     except KeyError as e:
         raise ValueError(f"not a HumanEval-format problem: no {e.args[0]!r} field") from None
+    # "passed" needs the tests to have run to the end: after check() the harness prints a fresh
+    # random marker; an exit 0 without it (SystemExit(0), os._exit(0), atexit, unittest.main())
+    # is a failure.
+    marker = f"byzantium-tests-done-{secrets.token_hex(16)}"
     program = humaneval_program(prompt, completion, test, entry_point)
-    return run_code(program, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation)
+    program += (f"import sys as _byz_sys\n_byz_sys.stdout.flush()\n"
+                f"_byz_sys.stdout.write({marker!r} + '\\n')\n_byz_sys.stdout.flush()\n")
+    result = run_code(program, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation)
+    if result.status == "passed" and marker not in result.stdout.splitlines()[-1:]:
+        result.status = "failed"
+        result.stderr += "\nbyzantium: the program exited 0 before the tests ran to the end\n"
+    return result
