@@ -55,7 +55,7 @@ def test_lines_are_written_as_instances_finish(tmp_path):
 
     run_instances([Item("slow"), Item("fast")], solve, tmp_path, progress=False)
     assert seen == [["fast"]]
-    assert [r["id"] for r in lines(tmp_path)] == ["fast", "slow"]
+    assert [r["id"] for r in lines(tmp_path)] == ["slow", "fast"]  # at the end: put in the items' order
 
 
 def test_concurrency_is_bounded(tmp_path):

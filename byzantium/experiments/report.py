@@ -214,7 +214,7 @@ def resilience_tables(cells) -> list:
     structures = [[s["structure"], s["task"], s["fault"] or "–", s["defense"] or "–", str(len(s["systems"])),
                    pts(s["clean_ci"]), pts(s["faulty_ci"]), pts(s["defended_ci"]), pts(s["drop_ci"], True),
                    share(s["recovered"], s["note"]), _num(s["paper_drop"], "{:.1f}")] for s in report["structures"]]
-    inert = sorted({f"{r['system']} ({r['task']})" for r in report["rows"] if r.get("inert")})
+    inert = sorted({f"{r['system']} ({r['task']}: {r['inert']})" for r in report["rows"] if r.get("inert")})
     notes = ["points (pass@1 or accuracy %), 95% CI over problems (Wilson for pass/fail scores); drop = clean - "
              "faulty (paired); recovered = (defended - faulty) / (clean - faulty)."]
     if inert:

@@ -274,8 +274,11 @@ def resilience(cells):
             row[name + "_ci"] = _points(mean_ci(per_problem(cell).values())) if cell else None
             row[name + "_cell"] = cell
         # AutoInject that rewrote no piece left the faulty run clean: its drop is 0 by construction
-        rewrote = ((faulty.summary or {}).get("messages") or {}).get("inject_pieces_rewritten") if faulty else None
-        row["inert"] = row["fault"] == "autoinject" and faulty is not None and not rewrote
+        m = ((faulty.summary or {}).get("messages") or {}) if faulty else {}
+        row["inert"] = (f"selected {m.get('inject_selected', 0)} message(s), chose {m.get('inject_pieces_chosen', 0)} "
+                        f"piece(s), {m.get('inject_json_failures', 0)} unreadable JSON replies"
+                        if row["fault"] == "autoinject" and faulty is not None and not m.get("inject_pieces_rewritten")
+                        else None)
         # drop = clean - faulty, paired over problems
         row["drop_ci"] = diff_ci(points(faulty), points(clean)) if clean and faulty else None
         row["published"] = list({id(p): p for cell in (clean, faulty, defended) if cell

@@ -304,6 +304,13 @@ def run_instances(items, solve, out, key=None, concurrency=64, stats=None, summa
         done, added = asyncio.run(run_async(items, solve, out, key, concurrency, stats, desc, progress, placement,
                                             placed))
         complete = True
+        # Rows were appended as instances finished, an order that timing decides: put them in the items'
+        # order, so that the same run writes the same file.
+        rank = {str((key or (lambda item: item.id))(item)): n for n, item in enumerate(items)}
+        rows = read_results(out)
+        ordered = sorted(rows, key=lambda r: rank.get(r["id"], len(rank)))
+        if ordered != rows:
+            _rewrite(Path(out) / RESULTS, ordered)
     except KeyboardInterrupt:
         print(f"\nbyzantium: interrupted; finished instances are in {Path(out) / RESULTS}; "
               f"rerun with the same output directory to resume", file=sys.stderr)
