@@ -121,7 +121,9 @@ def test_no_network_not_even_loopback():
     finally:
         srv.close()
     assert res.status == "passed", res.stderr
-    assert res.stdout.split() == [str(errno.ENETUNREACH)] * 2  # at once, not by a timeout
+    # The seccomp filter refuses an AF_INET socket (EPERM) before the empty network namespace
+    # would refuse the connect (ENETUNREACH); at once either way, not by a timeout.
+    assert res.stdout.split() == [str(errno.EPERM)] * 2
     assert res.seconds < 5
 
 
@@ -418,3 +420,62 @@ def test_every_main_block_is_removed_and_the_right_solution_still_passes():
     program = humaneval_program(PROBLEM["prompt"], completion, PROBLEM["test"], PROBLEM["entry_point"])
     assert "unittest.main" not in program and "print(1)" not in program
     assert check_humaneval(PROBLEM, completion).status == "passed"
+
+
+# Isolation past the namespaces: the seccomp filter. Each probe prints the errno it got.
+_ERRNO_PROBES = {
+    "vsock": "import socket\nsocket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)",
+    "netlink": "import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM)",
+    "inet": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)",
+    "packet": "import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW)",
+    "socketpair_inet": "import socket\nsocket.socketpair(socket.AF_INET)",
+    "flock_python": "import fcntl, os\nfcntl.flock(open(os.__file__), fcntl.LOCK_SH)",
+    "lockf_python": "import fcntl, os\nfcntl.lockf(open(os.__file__), fcntl.LOCK_SH)",
+    "flock_own": "import fcntl\nfcntl.flock(open('main.py'), fcntl.LOCK_EX)",
+}
+_SYSCALL_PROBES = {  # name: (x86_64 number, arguments)
+    "keyctl_read_session": (250, (11, -3, 0, 0)),  # KEYCTL_READ of KEY_SPEC_SESSION_KEYRING
+    "add_key": (248, (b"user", b"k", b"v", 1, -3)),
+    "request_key": (249, (b"user", b"k", None, 0)),
+    "io_uring_setup": (425, (1, None)),
+    "userfaultfd": (323, (0,)),
+    "bpf": (321, (0, None, 0)),
+    "perf_event_open": (298, (None, 0, -1, -1, 0)),
+    "ptrace": (101, (16, 1, 0, 0)),  # PTRACE_ATTACH to PID 1
+    "mount": (165, (b"none", b"/tmp", b"tmpfs", 0, None)),
+    "unshare": (272, (0x10000000,)),
+    "inotify_init1": (294, (0,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ERRNO_PROBES))
+def test_seccomp_denies_sockets_and_locks(name):
+    code = "import errno\ntry:\n" + "".join("    " + l + "\n" for l in _ERRNO_PROBES[name].splitlines())
+    code += "    print('allowed')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+    res = run_code(code, timeout_s=5)
+    assert (res.status, res.stdout.strip()) == ("passed", "EPERM"), res.stderr
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of x86_64")
+@pytest.mark.parametrize("name", sorted(_SYSCALL_PROBES))
+def test_seccomp_denies_kernel_surfaces(name):
+    nr, args = _SYSCALL_PROBES[name]
+    code = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"r = libc.syscall({nr}, *{args!r})\nprint(r, errno.errorcode.get(ctypes.get_errno()))\n")
+    res = run_code(code, timeout_s=5)
+    assert (res.status, res.stdout.strip()) == ("passed", "-1 EPERM"), res.stderr
+
+
+def test_unix_sockets_still_work():
+    code = "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))\n"
+    assert run_code(code, timeout_s=5).stdout.strip() == "b'x'"
+
+
+def test_seccomp_program_jumps_stay_inside():
+    from byzantium.tasks.jail import SECCOMP, seccomp_program
+    for machine in SECCOMP:
+        prog = seccomp_program(machine)
+        for i, (code, jt, jf, _k) in enumerate(prog):
+            if code & 0x07 == 0x05:  # a jump
+                assert 0 <= jt and 0 <= jf and i + 1 + max(jt, jf) < len(prog)
+        assert prog[-1] == (0x06, 0, 0, 0x00050001)  # the deny return is last

@@ -35,7 +35,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_PRIVATE, MS_R
 MS_KEEP = 1 | 2 | 4 | 8 | 1024 | 2048 | 4096  # flags a remount must repeat (statvfs reports them in the same bits)
 MNT_DETACH = 2
 SIGKILL = 9
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 24, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
@@ -217,6 +217,73 @@ def init():
             os._exit(0)
 
 
+# ------------------------------------------------------------------------------------- seccomp
+
+# A deny-list filter, installed by P just before exec (no_new_privs is set): the calls a HumanEval
+# program never needs and that reach the kernel past the namespaces. Denied calls fail with EPERM.
+#   keyring: keyctl add_key request_key (the keyring is not namespaced; sandboxes would share keys)
+#   io_uring_*, userfaultfd, bpf, perf_event_open, ptrace, process_vm_*: large kernel surfaces
+#   mount, umount2, pivot_root, the new mount API, unshare, setns: no new mounts or namespaces
+#   inotify, fanotify, flock, fcntl record locks: no watching or blocking the host's files
+#   socket/socketpair: AF_UNIX only (no vsock, netlink, packet, ... which no netns confines)
+#   kexec_load, init_module, finit_module
+# Another architecture's calls (x32 on x86_64 included) kill the process: their numbers differ.
+SECCOMP = {
+    "x86_64": dict(arch=0xC000003E, socket=41, socketpair=53, fcntl=72, deny=(
+        250, 248, 249, 425, 426, 427, 323, 321, 298, 101, 310, 311, 165, 166, 155, 428, 429, 430,
+        431, 432, 433, 442, 272, 308, 253, 294, 254, 300, 73, 246, 175, 313)),
+    "aarch64": dict(arch=0xC00000B7, socket=198, socketpair=199, fcntl=25, deny=(
+        219, 217, 218, 425, 426, 427, 282, 280, 241, 117, 270, 271, 40, 39, 41, 428, 429, 430,
+        431, 432, 433, 442, 97, 268, 26, 27, 262, 32, 104, 105, 273)),
+}
+AF_UNIX = 1
+LOCKS = (6, 7, 37, 38)  # F_SETLK F_SETLKW F_OFD_SETLK F_OFD_SETLKW
+RET_ALLOW, RET_EPERM, RET_KILL = 0x7FFF0000, 0x00050001, 0x80000000
+LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+NR, ARCH, ARG0, ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data (low word of each argument)
+
+
+def seccomp_program(machine):
+    """The filter as (code, jt, jf, k) tuples, jumps resolved; see SECCOMP."""
+    t = SECCOMP[machine]
+    prog = [(LD, 0, 0, ARCH), (JEQ, 1, 0, t["arch"]), (RET, 0, 0, RET_KILL), (LD, 0, 0, NR)]
+    if machine == "x86_64":
+        prog.append((JGE, "deny", 0, 0x40000000))  # x32 numbers
+    prog += [(JEQ, "deny", 0, nr) for nr in t["deny"]]
+    prog += [(JEQ, "socket", 0, t["socket"]), (JEQ, "socket", 0, t["socketpair"]),
+             (JEQ, "fcntl", 0, t["fcntl"]), (RET, 0, 0, RET_ALLOW),
+             ("socket",), (LD, 0, 0, ARG0), (JEQ, "allow", "deny", AF_UNIX),
+             ("fcntl",), (LD, 0, 0, ARG1), *[(JEQ, "deny", 0, cmd) for cmd in LOCKS],
+             ("allow",), (RET, 0, 0, RET_ALLOW), ("deny",), (RET, 0, 0, RET_EPERM)]
+    labels, out = {}, []
+    for insn in prog:
+        if len(insn) == 1:
+            labels[insn[0]] = len(out)
+        else:
+            out.append(insn)
+    jump = lambda i, j: labels[j] - i - 1 if isinstance(j, str) else j
+    return [(c, jump(i, jt), jump(i, jf), k) for i, (c, jt, jf, k) in enumerate(out)]
+
+
+def seccomp():
+    machine = os.uname().machine
+    if machine not in SECCOMP:
+        raise OSError(f"no seccomp filter for {machine}")
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+    insns = seccomp_program(machine)
+    arr = (Insn * len(insns))(*[Insn(*i) for i in insns])
+    prog = Prog(len(insns), arr)
+    prctl_filter = ctypes.CDLL(None, use_errno=True).prctl
+    prctl_filter.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    check(prctl_filter(PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0), "seccomp filter")  # SECCOMP_MODE_FILTER
+
+
 # ------------------------------------------------------------------------------------------- P
 
 def program():
@@ -237,6 +304,7 @@ def program():
     for cap in range(64):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails past the last cap: fine
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+    seccomp()
     os.execv(sys.executable, [sys.executable, "-I", "-B", "main.py"])
 
 

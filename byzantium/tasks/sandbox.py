@@ -16,7 +16,10 @@ mount, network, PID, IPC, UTS and cgroup namespaces. It sees a read-only Python 
 shared libraries, a few devices, its own /proc, its work directory at /sandbox and a private /tmp,
 and nothing else of the files; it has no network; it sees and can signal no other process;
 outside it is nobody (the caller's own uid for a non-root caller), inside a root without
-capabilities. At the timeout, and when it ends, every process it started dies with its PID
+capabilities. A seccomp filter (jail.py, SECCOMP) set just before the exec denies what the
+namespaces do not confine: the kernel keyring, sockets other than AF_UNIX (vsock, netlink, ...),
+io_uring, userfaultfd, bpf, perf_event_open, ptrace, mounts and new namespaces, inotify/fanotify,
+file locks. At the timeout, and when it ends, every process it started dies with its PID
 namespace, setsid() or not. Where these namespaces cannot be made (user namespaces disabled, a
 seccomp filter, not Linux) run_code raises SandboxUnavailable, saying why: it never falls back.
 
@@ -24,7 +27,8 @@ isolation="process": only the limits above, in a new session whose process group
 end. This is containment, not a jail: the program can read and write anything its user may, use
 the network, see and signal other processes; use it only where the code is trusted.
 
-Status rule:
+Status rule (check_humaneval adds: "passed" only when the harness's random end-of-tests marker,
+printed after check(), is the last line of stdout; an early exit 0 is "failed"):
     "passed"   exit status 0
     "timeout"  wall-clock timeout, or killed by SIGXCPU (the CPU limit is a timeout too)
     "crashed"  killed by any other signal (SIGKILL, SIGSEGV, ...), or it exited non-zero with a
