@@ -52,6 +52,11 @@ class ScriptedLLM:
     ("I am confident in this.", 0.0),
     ("__Confidence__: 0.3", 0.3),
     ("*Confidence:* 90%", 0.9),
+    # Issue 30: ratios (the reference reads 7/10 as 7 -> 0.07).
+    ("Confidence: 7/10", 0.7),
+    ("Confidence: 9 out of 10", 0.9),
+    ("Answer: 42", 0.0),  # a bare answer is no confidence
+    ("42", 0.0),
 ])
 def test_parse_confidence(text, expected):
     assert parse_confidence(text) == pytest.approx(expected)

@@ -107,6 +107,20 @@ def test_filter_drops_at_most_len_l_and_ties_keep_neighbour_order():
     ("*Score*: 0.2", (0.2, True)),
     ("Score:\n**0.4**", (0.4, True)),
     ("Underscore 0.9", (0.5, False)),
+    # Issue 30: verdicts the reference reads differently (it takes the first number in the reply and
+    # divides anything > 1 by 10 or 100; ours reads the verdict and scales ratios/percents).
+    ("0.8", (0.8, True)),  # bare reply to a prompt ending in "Score:"
+    (" 0.65.\n", (0.65, True)),
+    ("Score (0-1): 0.75", (0.75, True)),  # reference: 0.0 (the "0" of "0-1")
+    ("The score is 0.30.", (0.3, True)),
+    ("Score: [0.8]", (0.8, True)),
+    ("Rating: 0.6", (0.6, True)),
+    ("Score: 7/10", (0.7, True)),  # reference: 0.7 via 7 -> 7/10; ours reads the ratio itself
+    ("8/10", (0.8, True)),
+    ("Score: 3 out of 4", (0.75, True)),
+    ("Score: 85%", (0.85, True)),  # was 1.0 (clipped)
+    ("I would rate it 7 out of", (0.5, False)),  # no marker, not a bare value
+    ("The answer 12 is wrong, I think", (0.5, False)),
 ])
 def test_parse_score(text, expected):
     assert parse_score(text) == expected

@@ -34,14 +34,15 @@ SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 
 def parse_score(text):
-    """(score, parsed): the number after the LAST `Score:` marker (markdown bold and a missing colon
-    tolerated), clipped to [0, 1]; (0.5, False) when there is none. No fallback to other numbers: a
+    """(score, parsed): the number after the LAST `Score:`/`Rating:` marker (or a reply that is only a
+    number), ratios and percentages scaled (7/10 -> 0.7, 85% -> 0.85), clipped to [0, 1]; (0.5, False) when there is none. No fallback to other numbers: a
     judge cut off mid-working would otherwise be scored by a number from its working (the reference's
     "12" -> 1.0)."""
     hits = prompts.marked_numbers(text, "score")
     if not hits:
         return 0.5, False
-    return min(1.0, max(0.0, hits[-1][0])), True
+    value, percent = hits[-1]
+    return min(1.0, max(0.0, value / 100 if percent else value)), True
 
 
 def filter_neighbours(self_score, scores, F):
