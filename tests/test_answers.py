@@ -194,3 +194,41 @@ def _perturb(g, task):
     else:
         wrong.append(g + "+1")
     return good, wrong
+
+
+# Issue 30: the conclusion wins over letters named in the reasoning. The reference reads the first
+# "(X)" or "answer is X" it finds; the corrupted agents of the RR injection name the target letter first.
+@pytest.mark.parametrize("text, expected", [
+    ("(A) would need four moves, so it fails. The answer is D.", "D"),
+    ("Option (C) looks right at first, but (C) ignores the tax. Therefore, B is correct.", "B"),
+    ("Final choice: B", "B"),
+    ("Checking (A), (B) and (C) in turn, the answer must be C", "C"),
+    ("B is correct only if the train stops. It does not, so the answer is (A).", "A"),
+    ("(A) and (D) are both plausible.", "D"),  # no conclusion: as before, the last letter in parentheses
+])
+def test_choice_conclusion_wins(text, expected):
+    assert extract_answer(text, "choice", ["4km", "5km", "6km", "7km"]) == expected
+
+
+# Issue 30: negated prose. The reference reads the first yes/no word it finds.
+@pytest.mark.parametrize("text, expected", [
+    ("That is not true.", "no"),  # was "yes"
+    ("The premise does not entail the hypothesis.", "no"),  # was None
+    ("The premise entails the hypothesis.", "yes"),
+    ("It is not true that the river is dry, so the answer is yes.", "yes"),  # the answer line wins
+    ("It is true.", "yes"),
+])
+def test_bool_negated_prose(text, expected):
+    assert extract_answer(text, "bool") == expected
+
+
+# Issue 30: an unevaluated expression states no number (it was read as its first number, 30).
+@pytest.mark.parametrize("text, expected", [
+    (r"\boxed{30 \times 2}", None),
+    (r"Answer: 15 + 15", None),
+    (r"\boxed{2 \cdot 15}", None),
+    (r"Answer: 15 * 2 = 30", "30"),  # the value after its last '='
+    (r"\boxed{30}", "30"),
+])
+def test_number_expression_not_first_number(text, expected):
+    assert extract_answer(text, "number") == expected

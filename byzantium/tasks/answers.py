@@ -127,6 +127,9 @@ def _number_in(s):
     if s is None:
         return None
     s = s.split("=")[-1]
+    # An expression ("30 \\times 2") is not its first number; unevaluated, it states no number.
+    if re.search(r"\d\s*(?:\\times|\\cdot|[*×+])\s*-?\d", s):
+        return None
     s = re.sub(r"\\frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
     m = re.search(rf"({_NUM})(?:\s*/\s*(\d+))?", s)
     if not m:
@@ -150,6 +153,12 @@ def _extract_choice(text, choices):
             got = _letter_in(cand, letters, choices)
             if got:
                 return got
+    # A stated conclusion beats letters named in the reasoning ("(A) fails. Therefore, B is correct.").
+    said = re.findall(rf"(?i)(?:\bfinal\s+(?:choice|option)\s*(?:is\b|:)|\b(?:answer|option|choice)\s+must\s+be)"
+                      rf"\s*\**\(?([{letters}])\b|\b(?:option\s+|choice\s+)?\(?([{letters}])\)?\s+is\s+(?:the\s+)?"
+                      rf"(?:correct|right)\b(?!\s+(?:only|if))", text)
+    if said:
+        return next(g for g in said[-1] if g).upper()
     parens = re.findall(rf"\(([{letters}{letters.lower()}])\)", text)
     if parens:
         return parens[-1].upper()
@@ -182,8 +191,14 @@ def _letter_in(cand, letters, choices):
 
 
 _BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no",
-         "entailment": "yes", "not entailment": "no", "not_entailment": "no"}
-_BOOL_RE = r"\b(not[ _]entailment|entailment|yes|no|true|false)\b"
+         "entailment": "yes", "not entailment": "no", "not_entailment": "no", "entails": "yes"}
+# Negated prose first: "That is not true." is a no, "does not entail the hypothesis" too.
+_BOOL_RE = r"\b(not[ _]entailment|(?:does\s+)?not\s+(?:true|entail(?:s|ed)?)|entails|entailment|yes|no|true|false)\b"
+
+
+def _bool_word(w):
+    w = re.sub(r"\s+", " ", w.lower())
+    return "no" if w.startswith(("not ", "does not")) else _BOOL[w]
 
 
 def _extract_bool(text):
@@ -191,12 +206,12 @@ def _extract_bool(text):
         if cand is not None:
             m = re.search(_BOOL_RE, cand, flags=re.I)
             if m:
-                return _BOOL[m.group(1).lower()]
+                return _bool_word(m.group(1))
     m = re.match(r"\W*" + _BOOL_RE, text, flags=re.I)  # "Yes, because ..."
     if m:
-        return _BOOL[m.group(1).lower()]
+        return _bool_word(m.group(1))
     hits = re.findall(_BOOL_RE, text, flags=re.I)
-    return _BOOL[hits[-1].lower()] if hits else None
+    return _bool_word(hits[-1]) if hits else None
 
 
 # Pairwise judgements. Markers that introduce a verdict; "answer" alone is not one ("Assistant 1's
