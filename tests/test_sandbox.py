@@ -479,3 +479,21 @@ def test_seccomp_program_jumps_stay_inside():
             if code & 0x07 == 0x05:  # a jump
                 assert 0 <= jt and 0 <= jf and i + 1 + max(jt, jf) < len(prog)
         assert prog[-1] == (0x06, 0, 0, 0x00050001)  # the deny return is last
+
+
+def test_sandbox_and_tmp_are_size_limited_tmpfs(monkeypatch):
+    monkeypatch.setattr(sandbox, "FILE_MB", 1)
+    # Many files each under the file-size cap: the whole of /sandbox is bounded (4 x FILE_MB), and /tmp.
+    for where in ("/sandbox", "/tmp"):
+        code = f"for i in range(8):\n    open('{where}/f%d' % i, 'wb').write(b'x' * (2 ** 20 - 4096))\n"
+        res = run_code(code, timeout_s=5)
+        assert res.status == "crashed" and "No space left on device" in res.stderr, (where, res.stderr)
+
+
+def test_deep_directory_tree_is_cleaned_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(tmp_path))
+    code = "import os\nfor i in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')\n"
+    for isolation in sandbox.ISOLATIONS:
+        res = run_code(code, timeout_s=20, isolation=isolation)
+        assert res.stdout.strip() == "deep", res.stderr
+        assert list(tmp_path.iterdir()) == []

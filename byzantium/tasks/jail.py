@@ -151,7 +151,8 @@ def init():
     # Sources first, while this process still has the outside ids of the caller.
     ro, links = layout()
     devices = [f"/dev/{name}" for name in DEVICES]
-    sources = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in ro + devices + [work]}
+    sources = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in ro + devices}
+    code = os.open(os.path.join(work, "main.py"), os.O_RDONLY | os.O_CLOEXEC)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,uid=0,gid=0,size=1m")
     os.chdir(root)
@@ -182,8 +183,12 @@ def init():
         os.symlink(f"/proc/self/fd/{fd}", f"dev/{name}")
     os.symlink("/proc/self/fd", "dev/fd")
     mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={fsize}")
+    # /sandbox: a size-limited tmpfs holding a copy of main.py, not the host's directory: what the
+    # program writes there counts against its size (4 files of the largest size), and vanishes with the jail (nothing to clean).
     os.mkdir("sandbox")
-    bind(work, "sandbox", 0)
+    mount("tmpfs", "sandbox", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,uid=0,gid=0,size={4 * fsize}")
+    with os.fdopen(code, "rb") as src, open("sandbox/main.py", "wb") as dst:
+        dst.write(src.read())
     os.mkdir("proc")
     # A /proc of this PID namespace: its processes only, and where the kernel can (5.8+) not even
     # PID 1's command line (host paths) nor the system-wide files.

@@ -33,7 +33,7 @@ printed after check(), is the last line of stdout; an early exit 0 is "failed"):
     "timeout"  wall-clock timeout, or killed by SIGXCPU (the CPU limit is a timeout too)
     "crashed"  killed by any other signal (SIGKILL, SIGSEGV, ...), or it exited non-zero with a
                final exception line that is a resource limit: MemoryError, "[Errno 12] Cannot
-               allocate memory", "[Errno 27] File too large", or a fatal interpreter error
+               allocate memory", "[Errno 27] File too large", "[Errno 28] No space left on device", or a fatal interpreter error
     "failed"   any other non-zero exit (an exception, a failed assert, sys.exit(1))
 """
 
@@ -92,7 +92,7 @@ if procs > 0 and hasattr(resource, "RLIMIT_NPROC"):
 os.execv(sys.executable, [sys.executable, "-I", "-B", sys.argv[5]])
 """
 
-_RESOURCE_ERRORS = re.compile(r"^(MemoryError\b|Fatal Python error)|\[Errno (12|27)\]")
+_RESOURCE_ERRORS = re.compile(r"^(MemoryError\b|Fatal Python error)|\[Errno (12|27|28)\]")
 
 
 @dataclass
@@ -256,7 +256,8 @@ def _remove(path):
     hook = {"onexc": fix} if sys.version_info >= (3, 12) else {"onerror": fix}  # onerror is deprecated in 3.12
     try:
         shutil.rmtree(path, **hook)
-    except OSError:
+    except (OSError, RecursionError):  # a tree deeper than Python's recursion (process mode)
+        subprocess.run(["rm", "-rf", "--", path], stdin=subprocess.DEVNULL, capture_output=True)
         shutil.rmtree(path, ignore_errors=True)
 
 
