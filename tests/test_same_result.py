@@ -24,4 +24,5 @@ def test_rrmaj_results_do_not_depend_on_the_load(tmp_path):
     subprocess.run([sys.executable, *CMD, "--out", str(tmp_path / "quiet")], env=env, check=True,
                    capture_output=True, timeout=600)
     quiet, busy = ((tmp_path / d / "results.jsonl").read_bytes() for d in ("quiet", "busy"))
+    assert (tmp_path / "choice.json").exists()  # the choice was made by these runs, not read from an older cache
     assert quiet.count(b"\n") == 2 and quiet == busy
