@@ -232,3 +232,98 @@ def test_bool_negated_prose(text, expected):
 ])
 def test_number_expression_not_first_number(text, expected):
     assert extract_answer(text, "number") == expected
+
+
+# Issue 30: a reply that states an option's value names that option, in any spacing or currency.
+# AQuA's options are "A)4km", "D)Rs. 750", "B)$65", "A)4,000". There is no reference code for
+# multiple choice (the Consensus Trap has none public); a reader of letters alone names no option here.
+AQUA_LIKE = ["4km", "Rs.250", "$12", "4,000", "36 minutes", "2% Profit", "2% Loss"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Answer: 4 km", "A"), ("The answer is 4 KM.", "A"), ("Answer: 4", "A"),  # the question's unit
+    ("Answer: Rs. 250", "B"), ("Answer: Rs 250", "B"), ("Answer: 250 rupees", "B"),
+    ("Answer: $12.00", "C"), ("Answer: 12 dollars", "C"), (r"\boxed{\$12}", "C"),
+    ("Answer: 4000", "D"), ("Answer: 4,000.", "D"),
+    ("Answer: 36 minute", "E"), ("Answer: 36 min", None),  # another spelling of the unit is another unit
+    ("Answer: 2% profit", "F"), ("Answer: 2%", None),  # two options say 2%: it names neither
+    ("Answer: 4k", None), ("Answer: 12.5", None),
+])
+def test_choice_option_value_in_other_spelling(text, expected):
+    assert extract_answer(text, "choice", AQUA_LIKE) == expected
+
+
+def test_choice_value_never_matches_by_dropped_punctuation():
+    # "12.00" and "1,200" are both "1200" once punctuation is gone; as values they differ.
+    assert extract_answer("Answer: $12.00", "choice", ["$1,200", "$12", "$120"]) == "B"
+    assert extract_answer("Answer: 1200", "choice", ["$1,200", "$12", "$120"]) == "A"
+    assert extract_answer("Answer: +30", "choice", ["-30", "+30", "0", "15", "-15"]) == "B"
+
+
+# Issue 30: MATH answers. The reference (SAC's normalisation, /work/shared/SYSTEMS.md) strips commas and
+# spaces and then asks sympy, so "-1, 3" becomes "-13" against "3-1" (and "1,2" equals "12"); sets,
+# base subscripts, matrix brackets, "x \in" and unit words stay as strings there, and differ.
+@pytest.mark.parametrize("pred, gold", [
+    ("3, -1", "-1, 3"), ("x = 3, x = -1", "-1,3"), ("7, 3, 5", "3, 5, 7"), ("-2,1", "1,-2"),  # golds of MATH-500
+    ("1+\\sqrt{19}, 1-\\sqrt{19}", "1 \\pm \\sqrt{19}"), ("3-2\\sqrt{2},3+2\\sqrt{2}", "3 \\pm 2 \\sqrt{2}"),
+    ("(3,4), (1,2)", "(1,2), (3,4)"),  # a list of points: any order, each point in its own order
+    ("y = 4, x = 3", "x = 3, y = 4"),
+])
+def test_math_solution_lists_in_any_order(pred, gold):
+    assert is_correct(pred, gold, "math") and is_correct(gold, pred, "math")
+    assert normalize_answer(pred, "math") == normalize_answer(gold, "math")
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("(31,6,-1)", "(6,31,-1)"), ("(1,-2)", "(-2,1)"),  # ordered tuples stay ordered
+    ("(2,1), (3,4)", "(1,2), (3,4)"), ("x = 4, y = 3", "x = 3, y = 4"),
+    ("1, 2", "1, 2, 2"), ("1, 1, 2", "1, 2, 2"), ("1+\\sqrt{19}", "1 \\pm \\sqrt{19}"),
+    ("(1,2)", "1, 2"), ("12", "1, 2"),  # a point is not a list; the reference calls "1,2" 12
+])
+def test_math_ordered_answers_stay_ordered(pred, gold):
+    assert not is_correct(pred, gold, "math") and not is_correct(gold, pred, "math")
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("\\{1, 2\\}", "1, 2"), ("\\left\\{ 2, 1 \\right\\}", "1,2"), ("{1, 2}", "2, 1"), ("\\{5\\}", "5"),
+])
+def test_math_sets_with_or_without_braces(pred, gold):
+    assert is_correct(pred, gold, "math") and is_correct(gold, pred, "math")
+
+
+@pytest.mark.parametrize("pred, gold, same", [
+    ("101_{2}", "101_2", True), ("4210_5", "4210_{5}", True), ("204_{5}", "204_5", True),  # 204_5 is a MATH-500 gold
+    ("204", "204_5", False), ("204_{6}", "204_5", False),  # another base is another number
+    ("\\begin{bmatrix} 1 \\\\ 2 \\end{bmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
+    ("\\begin{bmatrix} -\\frac13 \\\\ 2/3 \\end{bmatrix}", "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", True),
+    ("\\begin{pmatrix} 2/3 \\\\ -1/3 \\end{pmatrix}", "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", False),
+    ("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", False),  # row vs column
+])
+def test_math_bases_and_matrices(pred, gold, same):
+    assert is_correct(pred, gold, "math") == same and is_correct(gold, pred, "math") == same
+
+
+@pytest.mark.parametrize("pred, gold, same", [
+    ("x \\in [2, 5)", "[2,5)", True), ("[-2,7]", "x \\in [-2,7]", True),  # x \in [-2,7] is a MATH-500 gold
+    ("(2,5]", "[2,5)", False), ("[5,2)", "[2,5)", False), ("x \\in (-2,7]", "x \\in [-2,7]", False),  # intervals are ordered
+    ("(1,2)", "(1,2)", True), ("(2,1)", "(1,2)", False),  # a point and an interval alike: equal strings only
+])
+def test_math_intervals(pred, gold, same):
+    assert is_correct(pred, gold, "math") == same and is_correct(gold, pred, "math") == same
+
+
+@pytest.mark.parametrize("pred, gold, same", [
+    ("9 pears", "9", True), ("12 red apples", "12", True), ("\\frac{1}{2} pies", "0.5", True),
+    ("3 million", "3", False), ("3 dozen", "3", False), ("5 squared", "5", False), ("3 pi", "3", False),
+    ("2 sin x", "2", False), ("4 ab", "4", False), ("10 times", "10", False),
+])
+def test_math_number_with_a_unit_word(pred, gold, same):
+    assert is_correct(pred, gold, "math") == same
+
+
+def test_math_unit_word_through_extraction():
+    task = Task("t", "q", None, "9", "math")
+    assert extract_answer("The answer is 9 pears.", "math") == "9 pears"
+    assert task.check("The answer is 9 pears.") and task.check(r"So \boxed{9 \text{ pears}}.")
+    assert not task.check("The answer is 9 million.")
+    assert Task("s", "q", None, "-1, 3", "math").check(r"The answer is $x = 3, x = -1$.")

@@ -175,9 +175,14 @@ def _letter_in(cand, letters, choices):
     if m:  # a bare letter is a letter even when an option's text is also "C"
         return (m.group(1) or m.group(2)).upper()
     # The option's own text ("Answer: a marsh") wins over letter guessing: as written first, where
-    # "-15" is not "15" and "Rr" not "RR", then in any case and punctuation.
-    for norm in ((lambda x: x.strip().rstrip(".").strip()), _text_norm) if choices else ():
-        hits = [i for i, ch in enumerate(choices) if norm(str(ch)) == norm(c)]
+    # "-15" is not "15" and "Rr" not "RR", then a stated value by value ("4 km" is "4km", "$12.00"
+    # is "$12"), other text in any case and punctuation (never a value: "12.00" would be "1,200").
+    value = _option_value(c)
+    plain = lambda x: x.strip().rstrip(".").strip()
+    tests = [lambda ch: plain(ch) == plain(c),
+             (lambda ch: _same_value(_option_value(ch), value)) if value else (lambda ch: _text_norm(ch) == _text_norm(c))]
+    for test in tests if choices else ():
+        hits = [i for i, ch in enumerate(choices) if test(str(ch))]
         if len(hits) == 1:
             return letters[hits[0]]
         if hits:
@@ -188,6 +193,35 @@ def _letter_in(cand, letters, choices):
          or re.search(rf"\(([{letters}{letters.lower()}])\)", c)
          or re.search(rf"\b(?:option|choice)\s+([{letters}])\b", c, flags=re.I))
     return m.group(1).upper() if m else None
+
+
+# Currency marks say nothing among one question's options ("Rs. 250", "$12", "12 dollars").
+_CURRENCY = r"(?:rs\.?|inr|usd|us\$|\\?\$|€|£|₹)"
+_MONEY_WORD = r"\s*(?:dollars?|rupees?|rs\.?|usd|inr)$"
+
+
+def _option_value(s):
+    """(value, unit) that an option or a reply states ("Rs. 250" -> (250, ""), "4 km" -> (4, "km"),
+    "4,000", "20 percent" -> (20, "%")), or None when it is not a number with at most a unit."""
+    s = re.sub(rf"^{_CURRENCY}\s*", "", re.sub(r"\s+", " ", str(s).strip().rstrip(".").lower()))
+    m = re.fullmatch(r"([+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+)(?:\s*/\s*(\d+))?\s*([a-z%/ .]*)", s)
+    if not m or m.group(2) == "0":
+        return None
+    value = Fraction(m.group(1).replace(",", "")) / int(m.group(2) or 1)
+    unit = re.sub(r"per\s*cent", "%", re.sub(_MONEY_WORD, "", m.group(3)).strip())
+    return value, unit
+
+
+def _same_value(a, b):
+    """Same value, and the same unit ("days" is "day") or one side with none and the other a real
+    unit ("36" is "36 minutes", "2" is not "2k")."""
+    if a is None or b is None or a[0] != b[0]:
+        return False
+    ua, ub = (re.sub(r"(?<=\w\w)s\b", "", u).replace(" ", "").replace(".", "") for u in (a[1], b[1]))
+    if ua == ub:
+        return True
+    other = a[1] or b[1]
+    return not (ua and ub) and (other == "%" or re.fullmatch(_UNIT, other, flags=re.I) is not None)
 
 
 _BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no",
@@ -325,10 +359,13 @@ def strip_math(s):
     if m and (re.fullmatch(rf"{_UNIT}|{_ONE}", m.group(2), flags=re.I)
               or re.fullmatch(r"[A-Za-z]{2,}[A-Za-z\s.]*", m.group(2)) and not re.match(_SCALES, m.group(2), flags=re.I)):
         s = m.group(1)
+    s = _strip_word_unit(s.strip().rstrip("."))  # before \text{} is unwrapped: "5\text{ cm}k" is no word
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}", r"\1", s)
     s = s.replace("{,}", "")
+    s = s.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
+    s = re.sub(r"(\d)_\{(\w+)\}", r"\1_\2", s)  # base subscripts: "101_{2}" is "101_2"
     s = s.strip().rstrip(".").strip()
-    m = re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*([^=]+)", s)  # "x = 5" -> "5"
+    m = re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in\b)\s*([^=]+)", s)  # "x = 5" -> "5", "x \in [2,5)" -> "[2,5)"
     if m:
         s = m.group(1)
     s = _strip_unit(s)
@@ -364,6 +401,23 @@ def _strip_unit(s):
     return value if re.search(r"[\w)\]}]$", value) else s
 
 
+# Words after a number that change its value or make it maths, so never a unit word.
+_NOT_UNIT_WORDS = {"squared", "cubed", "factorial", "half", "halves", "third", "thirds", "quarter", "quarters",
+                   "hundredths", "thousandths", "root", "roots", "over", "plus", "minus", "times"}
+
+
+def _strip_word_unit(s):
+    """A number and the noun it counts ("9 pears", "12 red apples") -> the number. Words of three
+    letters or more only: "2 x", "4 ab" are products, "3 million", "2 pi", "3 sin x" other values."""
+    m = re.fullmatch(rf"({_NUM}(?:/\d+)?|\\frac\{{\d+\}}\{{\d+\}})\s+([A-Za-z]{{3,}}(?:\s+[A-Za-z]{{3,}})*)", s)
+    if not m:
+        return s
+    words = {w.lower() for w in m.group(2).split()}
+    if words & (_NOT_UNIT_WORDS | _NAMES | set(_COMMANDS)) or any(re.match(_SCALES, w) for w in words):
+        return s
+    return m.group(1)
+
+
 def _text_norm(s):
     s = str(s).lower()
     s = "".join(ch for ch in s if ch not in string.punctuation)
@@ -392,9 +446,15 @@ def _to_fraction(s):
 
 
 def _canon_math(s, simplify=True):
+    items = _solutions(s)
+    if items is not None:  # unordered: its canonical items, sorted
+        return ",".join(sorted(_canon_math(x, simplify) for x in items))
     x = _to_fraction(s)
     if x is not None:
         return _canon_number(x)
+    rows = _matrix(s)
+    if rows is not None:
+        return _MATRIX.format("\\\\".join("&".join(_canon_math(x, simplify) for x in r) for r in rows))
     parts = _split_tuple(s)
     if parts:
         left, items, right = parts
@@ -461,6 +521,13 @@ def _rounds_to(predicted, accepted):
 
 
 def _math_equal(a, b):
+    sa, sb = _solutions(a), _solutions(b)
+    if sa is not None or sb is not None:  # a one-item set is its item: "\{5\}" is "5"
+        return _same_items(sa if sa is not None else [a], sb if sb is not None else [b])
+    ma, mb = _matrix(a), _matrix(b)
+    if ma is not None or mb is not None:
+        return bool(ma and mb and [len(r) for r in ma] == [len(r) for r in mb]
+                    and all(_math_equal(x, y) for ra, rb in zip(ma, mb) for x, y in zip(ra, rb)))
     xa, xb = _to_fraction(a), _to_fraction(b)
     if xa is not None and xb is not None:
         if _terminates(xa) and _terminates(xb):  # two decimals: equal exactly ("1450001" is not 1450000)
@@ -510,13 +577,66 @@ def _terminates(x: Fraction):
     return d == 1
 
 
+def _solutions(s):
+    """Items of an unordered answer, or None. Unordered: a set ("\\{1,2\\}", or "{1,2}", which LaTeX
+    prints as 1, 2), a bare list of solutions ("-1,3", "x=3,x=-1") and a "\\pm" ("1\\pm\\sqrt{19}" is
+    two roots). Bracketed lists are ordered: tuples, points "(1,2)", intervals "[2,5)"."""
+    m = re.fullmatch(r"\\\{(.*)\\\}", s) or re.fullmatch(r"\{(.*)\}", s)
+    if m and _balanced(m.group(1)):
+        items = _top_split(m.group(1))
+    elif _split_tuple(s) and not _split_tuple(s)[0]:
+        items = _split_tuple(s)[1]
+    elif s.count("\\pm") == 1:
+        items = [s]
+    else:
+        return None
+    names = {re.match(r"[a-zA-Z]=|", x).group() for x in items}
+    if len(names) == 1:  # "x=3,x=-1" names one unknown: its values ("x=3,y=4" keeps its names)
+        items = [x[len(next(iter(names))):] for x in items]
+    return [y for x in items for y in _pm(x)]
+
+
+def _pm(s):
+    """'a\\pmb' -> ['a+b', 'a-b']: the two values it stands for; other items unchanged."""
+    if s.count("\\pm") != 1:
+        return [s]
+    a, b = s.split("\\pm")
+    return [f"{a}+{b}", f"{a}-{b}"]
+
+
+_MATRIX = "\\begin{{pmatrix}}{}\\end{{pmatrix}}"
+
+
+def _matrix(s):
+    """Rows of entries of a pmatrix (bmatrix is made one by strip_math), or None."""
+    m = re.fullmatch(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", s)
+    return [r.split("&") for r in m.group(1).split("\\\\")] if m else None
+
+
+def _same_items(xs, ys):
+    """Are two lists equal in any order (each item of xs matched to its own item of ys)?"""
+    left = list(ys)
+    for x in xs:
+        j = next((j for j, y in enumerate(left) if _math_equal(x, y)), None)
+        if j is None:
+            return False
+        left.pop(j)
+    return not left
+
+
 def _split_tuple(s):
     """'(1,2]' -> ('(', ['1', '2'], ']'); plain top-level comma lists get empty brackets."""
     left, right, inner = "", "", s
     if len(s) >= 2 and s[0] in "([{" and s[-1] in ")]}" and _balanced(s[1:-1]):
         left, right, inner = s[0], s[-1], s[1:-1]
+    parts = _top_split(inner)
+    return (left, parts, right) if len(parts) > 1 else None
+
+
+def _top_split(s):
+    """s split at its top-level commas."""
     parts, depth, cur = [], 0, ""
-    for ch in inner:
+    for ch in s:
         depth += ch in "([{"
         depth -= ch in ")]}"
         if ch == "," and depth == 0:
@@ -524,8 +644,7 @@ def _split_tuple(s):
             cur = ""
         else:
             cur += ch
-    parts.append(cur)
-    return (left, parts, right) if len(parts) > 1 else None
+    return parts + [cur]
 
 
 def _balanced(s):
