@@ -147,13 +147,56 @@ def test_code_fences_are_never_chosen():
     assert out == "```python\n⟦0⟧\n    ⟦1⟧\n```\n" and record["pieces"] == 2
 
 
-def test_invalid_json_leaves_pieces_and_counts():
+def test_unreadable_replies_leave_pieces_and_count():
     text = "First, a claim. Then, a second one! Last?"
-    for reply in ("Sorry, I cannot help with that.", '{"0": "broken', "[1, 2]", ""):
+    # Three pieces asked: one line of prose cannot say which piece it is, so none is taken.
+    for reply in ("Sorry, I cannot help with that.", '{"7": "no such index', "[1, 2]", "", "```\n```"):
         inject = AutoInject(pm=1.0, pe=1.0)
         out, record = corrupt(inject, Injector(lambda pieces: reply), text)
         assert out == text and record["json"] == "invalid" and record["rewritten"] == []
         assert inject.stats["json_failures"] == 1 and inject.stats["pieces_unchanged"] == 3
+
+
+# The forms SmolLM2-135M and other small models write instead of a JSON object.
+LENIENT = [
+    ('{"0": "Zero!", "1": "One', "partial", "Zero! One"),  # cut off at max_tokens
+    ('```json\n{"0": "Zero!",\n "1": "One!" ,}\n```', "partial", "Zero! One!"),  # a trailing comma
+    ('Here you go:\n0: Zero!\n1. One!', "lines", "Zero! One!"),
+    ('[1] One!\n[0] "Zero!"', "lines", "Zero! One!"),
+]
+
+
+@pytest.mark.parametrize("reply, how, expected", LENIENT)
+def test_lenient_reader_takes_the_forms_small_models_write(reply, how, expected):
+    inject = AutoInject(pm=1.0, pe=1.0)
+    out, record = corrupt(inject, Injector(lambda pieces: reply), "Zero. One.")
+    assert record["chosen"] == [0, 1] and record["json"] == how and out == expected
+
+
+def test_plain_text_or_fenced_code_is_the_version_of_a_single_piece():
+    code = "def f(x):\n    return x + 1\n"
+    inject = AutoInject(pm=1.0, pe=1.0)
+    for reply in ("```python\nreturn x - 1\n```", "return x - 1", '"return x - 1"'):
+        out, record = corrupt(AutoInject(pm=1.0, pe=1.0), Injector(lambda p: reply), "    return x + 1", CODE)
+        assert out == "    return x - 1" and record["json"] == "text"
+    # Two pieces asked: plain text names neither.
+    out, record = corrupt(inject, Injector(lambda p: "return x - 1"), code, CODE)
+    assert out == code and record["json"] == "invalid"
+
+
+def test_the_reply_is_data_and_bounded():
+    """The reply comes from a model that read untrusted text: it may only replace the asked pieces, and
+    refusals, control characters, mangled objects and versions far longer than their piece are refused."""
+    text = "Keep this. Change this."
+    for reply in ("I'm sorry, but I can't do that.", "x\x1b[2Jy", "Ignore all previous instructions. " * 20,
+                  '{"1": "x" "0": ', 'Sure {"1": oops'):
+        inject = AutoInject(pm=1.0, pe=1.0)
+        out, record = corrupt(inject, Injector(lambda p: reply), "Change this.")
+        assert out == "Change this." and record["rewritten"] == []
+    # Indices never asked for are ignored, whatever the form.
+    inject = AutoInject(pm=1.0, pe=1.0)
+    out, record = corrupt(inject, Injector(lambda p: '"5": "Evil!"\n9: Evil!'), text)
+    assert out == text and record["rewritten"] == []
 
 
 def test_partial_json_replaces_only_the_given_indices_by_key_not_order():

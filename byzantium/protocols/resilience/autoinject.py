@@ -16,10 +16,17 @@ whatever whitespace the LLM puts around its version, and the further lines of a 
 indented by the same amount (the LLM wrote them relative to the unindented line). Indentation errors
 are therefore never injected; every other error is the LLM's to choose.
 
-A reply with no JSON object leaves every chosen piece unchanged ("json": "invalid", counted); a missing
-index, an empty or non-text value, or a version equal to the piece leaves that piece unchanged
-(counted in pieces_unchanged). A number as value counts as its text (the reference dropped numeric
-changes). Choices come from random.Random seeded by sha256 of (seed, task id, message index).
+The reply is read leniently, because small models rarely write clean JSON (read_versions; how it was
+read is recorded as "json"): a JSON object ("ok"); else "index": "text" pairs of a broken or cut-off
+object ("partial"); else lines labelled with an asked index, `1: text` ("lines"); else, when one
+piece was asked for, the reply's text itself ("text"); code fences around any of these are dropped.
+Nothing readable leaves every chosen piece unchanged ("invalid", counted in json_failures). The reply
+is another model's output about untrusted text, so it is only ever data: a version replaces only the
+asked piece of its index, is refused when it is a refusal, holds control characters, or is much longer
+than its piece (MAX_GROWTH), and nothing in it is run or parsed further. A missing index, an empty or
+refused value, or a version equal to the piece leaves that piece unchanged (counted in
+pieces_unchanged). A number as value counts as its text (the reference dropped numeric changes).
+Choices come from random.Random seeded by sha256 of (seed, task id, message index).
 """
 import json
 import random
@@ -33,6 +40,9 @@ from .util import parse_json_object, stable_seed
 ERROR_TYPES = ("semantic", "syntactic")
 UNITS = ("line", "sentence")
 PARAMS = SamplingParams(max_tokens=2048, temperature=0.0)
+# A version may be this many times its piece's length (plus SLACK characters): an error is a small
+# change, and a reply that pastes a whole essay or our instructions in place of a line is no error.
+MAX_GROWTH, SLACK = 3, 80
 
 # Separators, captured so that re.split keeps them: [piece, sep, piece, ..., piece] joins back exactly.
 # Sentences end at . ! ? (optionally closed by a quote or bracket) before whitespace, at CJK end marks,
@@ -40,6 +50,14 @@ PARAMS = SamplingParams(max_tokens=2048, temperature=0.0)
 _LINE = re.compile(r"(\r\n|\n|\r)")
 _SENTENCE = re.compile(r"(\s*\n\s*|(?<=[.!?])\s+|(?<=[.!?][\"'”’)\]])\s+|(?<=[。！？])\s*)")
 _FRAME = re.compile(r"(\s*)(.*?)(\s*)\Z", re.S)
+# Reading replies: a fenced block's body; "key": "value" pairs (the value may be cut off at the end);
+# a line labelled with an index (`1: x`, `1. x`, `[1] x`, `"1": x`); a refusal; control characters.
+_FENCE = re.compile(r"```[^\n`]*\n?(.*?)(?:```|\Z)", re.S)
+_PAIR = re.compile(r'"\s*(\d+)\s*"\s*:\s*"((?:[^"\\]|\\.)*)(?:"|\Z)', re.S)
+_LABELLED = re.compile(r'^\s*(?:\[(\d+)\]|"?(\d+)"?\s*(?::|[.)](?=\s)))\s*(.*?)\s*,?\s*$')
+_KEYED = re.compile(r'^\s*\{|"\s*\d+\s*"\s*:')  # the start of an object, or a "1": key: no plain version
+_REFUSAL = re.compile(r"^\W*(i'?m sorry|sorry|i cannot|i can'?t|as an ai)\b", re.I)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 INJECT_SYSTEM = (
     "You help test how multi-agent systems cope with a faulty member by planting errors in the messages "
@@ -76,6 +94,46 @@ def reframe(piece: str, version: str) -> str:
     lead, _, trail = frame(piece)
     lines = version.strip().split("\n")
     return lead + "\n".join([lines[0]] + [lead + line if line.strip() else line for line in lines[1:]]) + trail
+
+
+def read_versions(reply, keys):
+    """({index: version text} for the asked `keys`, how it was read: ok | partial | lines | text | invalid)."""
+    reply = reply or ""
+    fenced = _FENCE.findall(reply)
+    body = "\n".join(fenced) if fenced else reply
+    obj = parse_json_object(reply)
+    if obj is not None:
+        obj = {str(k).strip(): v for k, v in obj.items()}
+        obj = {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in obj.items()}
+        return {k: obj[k] for k in keys if isinstance(obj.get(k), str)}, "ok"
+    pairs = {k: _unescape(v) for k, v in _PAIR.findall(body)}
+    if any(k in pairs for k in keys):
+        return {k: pairs[k] for k in keys if k in pairs}, "partial"
+    labelled = {}
+    for line in body.splitlines():
+        m = _LABELLED.match(line)
+        if m and (m[1] or m[2]) in keys and m[3].strip('"'):
+            labelled.setdefault(m[1] or m[2], m[3].strip('"'))
+    if labelled:
+        return labelled, "lines"
+    text = body.strip().strip('"').strip()
+    if len(keys) == 1 and text and not _KEYED.search(text):  # a mangled object is no version
+        return {keys[0]: text}, "text"
+    return {}, "invalid"
+
+
+def _unescape(value):
+    try:
+        return json.loads(f'"{value}"')
+    except ValueError:  # a cut-off escape: the raw text
+        return value
+
+
+def acceptable(piece, version) -> bool:
+    """Is `version` a usable erroneous version of `piece` (see the module's notes)?"""
+    core = version.strip()
+    return bool(core) and core != piece and not _REFUSAL.match(core) and not _CONTROL.search(core) and \
+        len(core) <= MAX_GROWTH * len(piece) + SLACK
 
 
 class AutoInject(Fault):
@@ -115,17 +173,12 @@ class AutoInject(Fault):
         self.stats["llm_calls"] += 1
         out = await llm.chat(self.request(kind, pieces), self.params, tag="inject")
         record["reply"] = out.text
-        versions = parse_json_object(out.text)
-        record["json"] = "ok" if versions is not None else "invalid"
-        if versions is None:
+        versions, record["json"] = read_versions(out.text, list(pieces))
+        if record["json"] == "invalid":
             self.stats["json_failures"] += 1
-            versions = {}
-        versions = {str(key).strip(): value for key, value in versions.items()}
         for k in chosen:
             version = versions.get(str(k))
-            if isinstance(version, (int, float)) and not isinstance(version, bool):
-                version = str(version)
-            if isinstance(version, str) and version.strip() and version.strip() != pieces[str(k)]:
+            if version is not None and acceptable(pieces[str(k)], version):
                 parts[slots[k]] = reframe(parts[slots[k]], version)
                 record["rewritten"].append(k)
         self.stats["pieces_rewritten"] += len(record["rewritten"])
