@@ -156,6 +156,9 @@ def sac_args(ap, protocol):
                         help="new tokens per judgement in generate mode (default 1000)")
         ap.add_argument("--logprob-kind", choices=("yes", "digit"), default="yes",
                         help="logprob scoring: P(Yes) (default) or the expected digit 0..9")
+        ap.add_argument("--ra-ties", choices=("drawn", "first-honest"), default="drawn",
+                        help="a tie in RA's vote of the honest agents: drawn with a key from --seed and the problem "
+                             "(default, as every vote here) or the reference code's first honest agent")
     else:
         ap.add_argument("--all-rounds", action="store_true",
                         help="run all T rounds instead of stopping at the convergence threshold")
@@ -302,6 +305,9 @@ def cmd_run_sac(args):
     logprob_kind = getattr(args, "logprob_kind", "yes")  # SAC's flag
     config = dict(models=models, backend=args.backend, task=args.task or ("gen-arith" if args.data is None else None),
                   data=args.data, graph=args.graph)
+    ra_ties = getattr(args, "ra_ties", "drawn")  # SAC's flag
+    if ra_ties != "drawn":  # recorded only when set, so that earlier runs still resume
+        config["ra_ties"] = ra_ties
     check_resume(out, settings(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F,
                                args.rounds, args.topology, args.seed, args.score_mode, logprob_kind, solve, judge,
                                all_rounds, len(tasks), config, edges))  # before any model loads
@@ -315,7 +321,7 @@ def cmd_run_sac(args):
         run_experiment(args.method, tasks, strong, weak, adversary, args.agents, args.weak, args.byzantine,
                        args.adversary, args.F, args.rounds, args.topology, args.seed, args.score_mode,
                        logprob_kind, solve, judge, all_rounds, out, args.concurrency, config,
-                       progress=not args.no_progress, edges=edges)
+                       progress=not args.no_progress, edges=edges, ra_ties=ra_ties)
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 

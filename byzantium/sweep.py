@@ -101,8 +101,47 @@ def serving(name, backend):
     return "not here: needs --backend openai --base-url ... or a GPU with the weights"
 
 
+def hub_dataset(cell):
+    """The Hugging Face hub id a cell's questions would be downloaded from (a dataset name as its task
+    and no data file), or None."""
+    from .tasks import HUB
+    if "--data" in cell.argv or "--task" not in cell.argv:
+        return None
+    base = cell.argv[cell.argv.index("--task") + 1].split(":")[0]
+    return HUB[base][0] if base in HUB else None
+
+
+def hub_offline():
+    """Whether the environment forbids the hub (the variables `datasets` and huggingface_hub obey)."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_cached(hub_id):
+    """Whether a hub dataset is in the local caches (huggingface_hub's or `datasets`'), looked up on disk
+    only: a dry run makes no network call. Paths from the environment at call time (as the libraries
+    read it at import)."""
+    home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    hub = Path(os.environ.get("HF_HUB_CACHE") or home / "hub").expanduser()
+    data = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets").expanduser()
+    return (hub / f"datasets--{hub_id.replace('/', '--')}").is_dir() or (data / hub_id.replace("/", "___")).is_dir()
+
+
+def hub_note(cell):
+    """The dry run's word on a download the run would make (offline, cell_problem says it cannot)."""
+    hub_id = hub_dataset(cell)
+    if hub_id is None or hub_offline() or hub_cached(hub_id):
+        return ""
+    return (f"  [needs the Hugging Face hub: {hub_id} is not in the local cache, downloaded at run time; "
+            f"without network give the task a data file]")
+
+
 def cell_problem(sweep, cell, backend):
     """Why the cell cannot run here (a message), or None."""
+    hub_id = hub_dataset(cell)
+    if hub_id is not None and hub_offline() and not hub_cached(hub_id):
+        return (f"cannot run here: its questions need the Hugging Face hub ({hub_id}), not in the local cache, "
+                f"and the hub is off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); give the task a data file")
     for name in cell.models:
         if backend != "openai" and local_model(name) is None:
             return f"model {name!r} {NOT_HERE}"
@@ -124,7 +163,7 @@ def describe(sweep, backend="native") -> str:
         problem = cell_problem(sweep, cell, backend)
         lines.append(f"{cell.name:<48} {cell.method:<10} {needed_len(cell, sweep.prompt_budget):>9}  {models}"
                      + ("  [cannot run here: see its model below]" if problem and problem.startswith("model ")
-                        else f"  [{problem}]" if problem else ""))
+                        else f"  [{problem}]" if problem else "") + hub_note(cell))
     lines.append("models:")
     for name in dict.fromkeys(m for cell in sweep.cells for m in cell.models):
         how = serving(name, backend)

@@ -61,7 +61,8 @@ KEYS = {
     "F": ("--f", SAC), "topology": ("--topology", SAC), "strong_model": ("--strong-model", SAC),
     "weak_model": ("--weak-model", SAC), "adversary_model": ("--adversary-model", SAC),
     "score_mode": ("--score-mode", SAC), "judge_max_tokens": ("--judge-max-tokens", {"sac"}),
-    "logprob_kind": ("--logprob-kind", {"sac"}), "all_rounds": ("--all-rounds", {"cpwbft"}),
+    "logprob_kind": ("--logprob-kind", {"sac"}), "ra_ties": ("--ra-ties", {"sac"}),
+    "all_rounds": ("--all-rounds", {"cpwbft"}),
     "rounds": ("--rounds", SAC | RES), "max_tokens": ("--max-tokens", SAC | RES),
     "system": ("--system", RES), "fault": ("--fault", RES), "defence": ("--defense", RES), "pm": ("--pm", RES),
     "pe": ("--pe", RES), "error_type": ("--error-type", RES), "faulty_role": ("--faulty-role", RES),
@@ -367,7 +368,7 @@ def _check_type(key, value, fail):
     if key == "corrupted" and not all(isinstance(i, int) for i in value):
         fail(key, "agent indices (integers)")
     if key in ("model", "strong_model", "weak_model", "adversary_model", "attack", "order", "adversary", "topology",
-               "score_mode", "logprob_kind", "system", "fault", "defence", "error_type", "faulty_role",
+               "score_mode", "logprob_kind", "ra_ties", "system", "fault", "defence", "error_type", "faulty_role",
                "data") and not isinstance(value, str):
         fail(key, f"a string, got {value!r}")
 

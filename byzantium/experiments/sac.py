@@ -23,7 +23,7 @@ from ..backends.params import SamplingParams
 from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft
-from ..protocols.metrics import COUNTS, GROUPS, summarize as summarize_metrics
+from ..protocols.metrics import COUNTS, GROUPS, RA_TIES, summarize as summarize_metrics
 from ..protocols.sac import LOGPROB_KINDS, SCORE_MODES, run_sac
 from .rr import engine_stats
 from .runner import SUMMARY, run_instances
@@ -170,6 +170,8 @@ def print_table(summary):
         head += f"  rounds run {summary['rounds_run']:.2f}"
     print(head)
     ra = "honest agents' plurality" if c["protocol"] == "sac" else "the global decision"
+    if c.get("ra_ties") == "first-honest":
+        ra += ", a tie to the first honest agent (the reference's rule)"
     print(f"RA: {ra} (the paper's); RA-all: plurality of all agents, adversaries included (ours)")
     print("failures: " + ", ".join(f"{k.replace('_', ' ')} {summary[k]}" for k in _counts(c) if k in summary))
     e = summary["engine"]
@@ -180,7 +182,7 @@ def print_table(summary):
 def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=None, n=7, weak=2, byzantine=1,
                    adversary="fixed", F=3, T=6, topology="merg", seed=0, score_mode="generate",
                    logprob_kind="yes", solve_params=None, judge_params=None, all_rounds=False, out="runs/sac",
-                   concurrency=64, config=None, progress=True, table=True, edges=None) -> dict:
+                   concurrency=64, config=None, progress=True, table=True, edges=None, ra_ties="drawn") -> dict:
     """Run SAC or CP-WBFT on every task (resuming from OUT); returns the summary written to OUT/summary.json.
 
     weak_llm and adversary_llm (a decoy's model) default to strong_llm. The adversaries' cache of wrong
@@ -188,10 +190,13 @@ def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=Non
     solve_params / judge_params default to 1000 new tokens at the paper's temperature 0.1; their seed is
     replaced per request (from `seed`). edges: an explicit edge list [[u, v], ...] instead of `topology`.
     config: extra settings to record (model names, task, backend); a rerun into an OUT written with a
-    different configuration is refused."""
+    different configuration is refused. ra_ties: SAC's RA tie rule (metrics.RA_TIES), kept in each record
+    that departs from the default so that a report reads the same RA as summary.json."""
     if edges is not None:
         topology = "edges"
     graph = check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, edges)
+    if ra_ties not in RA_TIES:
+        raise ValueError(f"unknown RA tie rule {ra_ties!r}; choose one of {', '.join(RA_TIES)}")
     if logprob_kind not in LOGPROB_KINDS:
         raise ValueError(f"unknown logprob kind {logprob_kind!r}; choose one of {', '.join(LOGPROB_KINDS)}")
     weak_llm = strong_llm if weak_llm is None else weak_llm
@@ -204,8 +209,9 @@ def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=Non
         agents = make_agents(strong_llm, weak_llm, n, weak, byzantine, task, cache, seed, mode=adversary,
                              adversary_llm=adversary_llm, adversary_params=solve_params)
         if protocol == "sac":
-            return await run_sac(task, graph, agents, F, T, score_mode, solve_params, judge_params, logprob_kind,
-                                 seed=seed)
+            record = await run_sac(task, graph, agents, F, T, score_mode, solve_params, judge_params, logprob_kind,
+                                   seed=seed)
+            return record if ra_ties == "drawn" else {**record, "ra_ties": ra_ties}
         return await run_cpwbft(task, graph, agents, T, solve_params, run_all_rounds=all_rounds, seed=seed)
 
     llms = [strong_llm] + ([weak_llm] if weak else []) + ([adversary_llm] if byzantine and adversary == "decoy" else [])

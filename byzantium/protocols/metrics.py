@@ -15,9 +15,12 @@ Every comparison and every vote goes through the tasks' `normalize_answer` / `is
 reference's RA used strict string equality while the others normalised). Votes are
 `voting.plurality`, the same rule as MAJ: unreadable answers abstain, and a tie is drawn with a key
 from the run seed and the problem id (the reference iterated a Python set, so its ties depended on
-PYTHONHASHSEED). `summarize` averages over instances and counts, rather than hides,
-what fell back: answers that did not parse, scores that fell back to 0.5 (no `Score:`) or 0.0 (the
-call raised), refinements that did not parse, CP-WBFT solves without `Confidence:` (read as 0.0), and
+PYTHONHASHSEED). SAC's RA can follow the reference's tie rule instead (a record's "ra_ties" =
+"first-honest", from `run sac --ra-ties first-honest`): the tied answer of the first honest agent in
+the reference's agent order, where the weak honest agents come before the strong ones (its
+Counter.most_common keeps insertion order). `summarize` averages over instances and counts, rather
+than hides, what fell back: answers that did not parse, scores that fell back to 0.5 (no `Score:`) or
+0.0 (the call raised), refinements that did not parse, CP-WBFT solves without `Confidence:` (read as 0.0), and
 decoy adversaries that fell back to the fixed wrong answer.
 """
 from ..tasks import is_correct, normalize_answer
@@ -61,15 +64,36 @@ def vote(record, answers):
     return next((a for a in answers if a is not None and normalize_answer(a, kind) == winner), winner)
 
 
+RA_TIES = ("drawn", "first-honest")
+
+
+def first_honest_vote(record, ids):
+    """The reference's SAC RA vote: plurality of the honest agents `ids`, a tie going to the answer
+    of the first of them in the reference's order (weak agents first, then strong, each by index)."""
+    roles = {a["id"]: a["role"] for a in record["agents"]}
+    ordered = sorted(ids, key=lambda i: (roles[i] != "weak", i))
+    answers = _answers(record, len(record["rounds"]) - 1, ordered)
+    counts = plurality(answers, record["kind"], "").counts
+    if not counts:
+        return None
+    top = max(counts.values())
+    return next(a for a in answers if a is not None and counts.get(normalize_answer(a, record["kind"])) == top)
+
+
 def instance_metrics(record) -> dict:
     last = len(record["rounds"]) - 1
     gold, kind = record["gold"], record["kind"]
     iaa, faa = accuracy(record, 0), accuracy(record, last)
     states = [a for r in record["rounds"] for a in r["agents"]]
-    h_majority = float(is_correct(vote(record, _answers(record, last, _members(record, "honest"))), gold, kind))
+    honest = _members(record, "honest")
+    h_majority = float(is_correct(vote(record, _answers(record, last, honest)), gold, kind))
+    if record.get("ra_ties", "drawn") not in RA_TIES:
+        raise ValueError(f"unknown ra_ties {record['ra_ties']!r}; choose one of {', '.join(RA_TIES)}")
+    sac_ra = float(is_correct(first_honest_vote(record, honest), gold, kind)) \
+        if record.get("ra_ties") == "first-honest" else h_majority
     out = {"IAA": iaa, "FAA": faa, "BFTI": faa - iaa,
            "RA": float(is_correct(record.get("decision"), gold, kind)) if record.get("protocol") == "cpwbft"
-           else h_majority,
+           else sac_ra,
            "RA-all": float(is_correct(vote(record, _answers(record, last, _members(record, "all"))), gold, kind)),
            "H-Majority": h_majority,
            "acc": {g: [accuracy(record, t, g) for t in range(last + 1)] for g in GROUPS},
