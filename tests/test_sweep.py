@@ -59,8 +59,15 @@ def test_every_shipped_file_validates(path, scale, no_loading):
 def test_paper_scale_finds_its_data_files(path, no_loading):
     if not DATA.is_dir():
         pytest.skip("the datasets are not next to the repository (../shared/data)")
-    sweep = load_sweep(path, "paper", data_root=DATA)
-    assert all(Path(c.argv[c.argv.index("--data") + 1]).exists() for c in sweep.cells if "--data" in c.argv)
+    sweep = load_sweep(path, "paper", data_root=DATA, check_files=False)
+    missing = {Path(c.argv[c.argv.index("--data") + 1]).name for c in sweep.cells if "--data" in c.argv
+               and not Path(c.argv[c.argv.index("--data") + 1]).exists()}
+    assert missing <= NOT_SHARED, missing
+
+
+# The SAC paper's Tables 7-8 run 30 Level 4 Hendrycks MATH problems that its Table 9 names by qid only:
+# the user builds that file; no shared copy exists.
+NOT_SHARED = {"math_level4_30.jsonl"}
 
 
 BASE = """
