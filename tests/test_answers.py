@@ -327,3 +327,15 @@ def test_math_unit_word_through_extraction():
     assert task.check("The answer is 9 pears.") and task.check(r"So \boxed{9 \text{ pears}}.")
     assert not task.check("The answer is 9 million.")
     assert Task("s", "q", None, "-1, 3", "math").check(r"The answer is $x = 3, x = -1$.")
+
+
+# Issue 30: a line that is only a conclusion, as AQuA's rationales end ("Answer D", "ANSWER B",
+# "correct option is C", "Ans A", a last line "A"), beats a "(B)" in the working above it.
+@pytest.mark.parametrize("text, expected", [
+    ("P(A/B) = P(A n B)/P(B)\nP(A/B) = 0.16/0.8 = 0.2\nA", "A"),  # was B, from "P(B)"
+    ("= 704/22 = 32\nAnswer D", "D"), ("= 85995\nANSWER B", "B"), ("x = 15\nAns A", "A"),
+    ("= 438\nanswer.A", "A"), ("So 12.5 hours.\nThe correct option is C.", "C"),
+    ("Answer A is wrong: 4 km is too far, so (B).", "B"),  # not a line of its own
+])
+def test_choice_conclusion_line(text, expected):
+    assert extract_answer(text, "choice", ["4km", "5km", "6km", "7km", "8km"]) == expected

@@ -159,6 +159,12 @@ def _extract_choice(text, choices):
                       rf"(?:correct|right)\b(?!\s+(?:only|if))", text)
     if said:
         return next(g for g in said[-1] if g).upper()
+    # A line that is only a conclusion ("Answer D", "Ans A", "correct option is C", "A") beats a "(B)" of the
+    # working above it ("P(B)"): AQuA's rationales end that way.
+    lines = re.findall(rf"(?im)^[\s*]*(?:(?:the\s+)?(?:correct\s+)?(?:answer|ans|option|choice)\s*(?:is\b)?\s*[:.]?\s*)?"
+                       rf"\(?([{letters}])\)?[\s.*]*$", text)
+    if lines:
+        return lines[-1].upper()
     parens = re.findall(rf"\(([{letters}{letters.lower()}])\)", text)
     if parens:
         return parens[-1].upper()
