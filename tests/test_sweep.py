@@ -283,3 +283,150 @@ def test_an_interrupted_sweep_resumes_without_redoing_instances(smollm2_dir, tmp
     calls.clear()
     monkeypatch.setattr(byzantium.backends, "LLMPool", lambda *a, **k: pytest.fail("loaded a model"))
     assert main(argv) == 0 and calls == []  # all done: no engine at all
+
+
+# ------------------------------------------------------------------------- --limit and the dry run
+
+def sweep_file(tmp_path, text, name="t.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_limit_cuts_every_cell_and_a_rerun_with_another_is_refused(tmp_path, no_loading, capsys):
+    path = sweep_file(tmp_path, BASE + "[axes]\nmodel = ['nobody-here/no-such-model-1']\ncorrupt = [0, 1]\n")
+    out = tmp_path / "o"
+    argv = ["sweep", str(path), "--out", str(out), "--no-progress"]
+    assert main(argv + ["--limit", "1"]) == 1  # the cells fail (no model here), after sweep.json is written
+    sweep = json.loads((out / SWEEP).read_text())
+    assert sweep["limit"] == 1 and [c["params"]["limit"] for c in sweep["cells"]] == [1, 1]
+    assert path.read_text().count("limit = 2") == 1  # the file is not touched
+    capsys.readouterr()
+    before = (out / SWEEP).read_text()
+    for other, said in ((None, "no --limit"), (3, "--limit 3")):
+        assert main(argv + ([] if other is None else ["--limit", str(other)])) == 2
+        err = capsys.readouterr().err
+        assert f"was swept with --limit 1, this run has {said}" in err and "another --out" in err, err
+        assert (out / SWEEP).read_text() == before  # refused before anything is written
+    assert main(argv + ["--limit", "1"]) == 1  # the same --limit resumes
+
+
+def test_a_sweep_without_limit_refuses_a_rerun_with_one(tmp_path, no_loading, capsys):
+    path = sweep_file(tmp_path, BASE + "model = 'nobody-here/no-such-model-1'\n")
+    out = tmp_path / "o"
+    assert main(["sweep", str(path), "--out", str(out), "--no-progress"]) == 1
+    assert json.loads((out / SWEEP).read_text())["limit"] is None
+    assert main(["sweep", str(path), "--out", str(out), "--no-progress", "--limit", "5"]) == 2
+    assert "was swept with no --limit, this run has --limit 5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, flags, problem", [
+    ("", ["--limit", "0"], "--limit must be >= 1, got 0"),
+    ("[axes]\nlimit = [1, 2]\n", ["--limit", "3"], "t.toml: [axes].limit varies limit across cells"),
+    ("", ["--dtype", "int3"], "unknown --dtype 'int3'"),
+    ("", ["--device-memory", "0"], "--device-memory must be > 0 GB"),
+])
+def test_bad_sweep_flags_are_refused_before_anything(extra, flags, problem, tmp_path, no_loading, capsys):
+    path = sweep_file(tmp_path, BASE + extra)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o")] + flags) == 2
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_limit_reaches_the_runs(smollm2_dir, tmp_path):
+    path = sweep_file(tmp_path, BASE.replace("limit = 2", "limit = 3\nagents = 2\nmax_len = 4\n"))
+    out = tmp_path / "o"
+    assert main(["sweep", str(path), "--out", str(out), "--device", "cpu", "--no-progress", "--limit", "1"]) == 0
+    (cell,) = json.loads((out / SWEEP).read_text())["cells"]
+    assert json.loads((out / cell["dir"] / "summary.json").read_text())["instances"] == 1
+    assert len(rows(out / cell["dir"])) == 1
+
+
+def dry_run_lines(capsys, path, tmp_path, *flags):
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--dry-run", *flags]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "o").exists()
+    return out, {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
+
+
+def test_dry_run_counts_problems_from_data_limit_and_generators(tmp_path, no_loading, capsys):
+    data = tmp_path / "seven.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(7)))
+    path = sweep_file(tmp_path, BASE.replace("limit = 2\n", "agents = 3\nmax_len = 10\n") +
+                      "[axes]\ntask = ['gen-arith', {name = 'seven', task = 'gsm8k', data = 'seven.jsonl'}]\n")
+    out, rows_ = dry_run_lines(capsys, path, tmp_path)
+    assert rows_["maj-gen-arith"][2:4] == ["100", "3.0k"]  # a generator's default 100, x N x L = 3 x 10
+    assert rows_["maj-seven"][2:4] == ["7", "210"]  # the file's 7 records
+    assert "total: 107 problems, 3.2k generated tokens" in out
+    out, rows_ = dry_run_lines(capsys, path, tmp_path, "--limit", "4")
+    assert rows_["maj-gen-arith"][2] == "4" and rows_["maj-seven"][2] == "4"
+
+
+def test_dry_run_weights_fit_and_rates(tmp_path, no_loading, capsys, monkeypatch):
+    import byzantium.sweep as sweep_mod
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "engine_throughput.json").write_text(json.dumps({"model": "smollm2-135m", "device": "cuda", "rows": [
+        {"batch": 1, "byzantium": {"decode_tok_s": 10.0}}, {"batch": 32, "byzantium": {"decode_tok_s": 100.0}}]}))
+    monkeypatch.setattr(sweep_mod, "BENCH", bench)
+    sweep_mod.measured_rates.cache_clear()
+    try:
+        path = sweep_file(tmp_path, BASE.replace("limit = 2\n", "limit = 36\nagents = 5\nmax_len = 100\n") +
+                          "[axes]\nmodel = ['smollm2-135m', 'meta-llama/Llama-3.3-70B-Instruct', "
+                          "'meta-llama/Meta-Llama-3-8B-Instruct']\n")
+        out, rows_ = dry_run_lines(capsys, path, tmp_path, "--device-memory", "141")
+        small, big, mid = rows_["maj-gen-arith-smollm2-135m"], rows_["maj-gen-arith-Llama-3.3-70B"], \
+            rows_["maj-gen-arith-Meta-Llama-3-8B"]
+        assert small[3] == "18.0k" and small[5:11] == ["0.3", "GB", "yes", "3.0", "min", "(cuda)"]  # 18000 tokens at 100/s
+        assert big[5:8] == ["140.0", "GB", "NO"] and "no measured rate" in " ".join(big)  # 70B x 2 > 0.8 x 141
+        assert mid[5:8] == ["16.0", "GB", "yes"]
+        assert "80% of 141 GB (--device-memory" in out
+        assert "100 generated tok/s measured on cuda (bench/results/engine_throughput.json, batch 32)" in out
+        assert "3.0 min at measured rates (2 cells with no measured rate not counted)" in out
+        out, rows_ = dry_run_lines(capsys, path, tmp_path, "--device-memory", "141", "--dtype", "float32")
+        assert rows_["maj-gen-arith-Meta-Llama-3-8B"][5:8] == ["32.0", "GB", "yes"]
+        monkeypatch.setattr(sweep_mod, "BENCH", tmp_path / "nothing")
+        sweep_mod.measured_rates.cache_clear()
+        out, rows_ = dry_run_lines(capsys, path, tmp_path, "--device-memory", "141")
+        assert "no measured rate for any cell" in out  # none is invented
+    finally:
+        sweep_mod.measured_rates.cache_clear()
+
+
+@pytest.mark.parametrize("name, params", [
+    ("meta-llama/Llama-3.3-70B-Instruct", 70e9), ("Qwen/Qwen2.5-1.5B-Instruct", 1.5e9), ("Qwen/Qwen3-4B", 4e9),
+    ("Qwen/Qwen3-30B-A3B", 30e9), ("mistralai/Mistral-Small-3.1-24B-Instruct-2503", 24e9),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 109e9), ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7e9),
+    (None, 135e6), ("gpt-3.5-turbo", None), ("someone/Foo-20B-64E", None),
+])
+def test_parameters_from_a_models_name(name, params):
+    from byzantium.sweep import model_params
+    assert model_params(name)[0] == params
+
+
+def test_generated_tokens_per_method(tmp_path):
+    from byzantium.sweep import cell_tokens
+    path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = ["maj", "rr", "rrmaj"]') +
+                      "agents = 4\nmax_len = 50\ntrajectories = 3\n")
+    assert {c.method: cell_tokens(c) for c in load_sweep(path).cells} == {"maj": 200, "rr": 50, "rrmaj": 150}
+    path = sweep_file(tmp_path, 'paper = "sac"\nmethod = ["sac", "cpwbft"]\n[analysis]\nkind = "sac"\n[run]\n'
+                      'topology = "complete"\nagents = 4\nweak = 0\nbyzantine = 1\nF = 1\nrounds = 2\n'
+                      'max_tokens = 10\njudge_max_tokens = 3\n', "s.toml")
+    tokens = {c.method: cell_tokens(c) for c in load_sweep(path).cells}
+    # SAC: 4 solves + self-scores, then per round 4 refines + re-scores and 4 x 3 neighbours judged
+    assert tokens == {"sac": 4 * 13 + 2 * (4 * 13 + 12 * 3), "cpwbft": 4 * 3 * 10}
+    path = sweep_file(tmp_path, 'paper = "mas"\nmethod = "resilience"\n[analysis]\nkind = "resilience"\n[run]\n'
+                      'system = "metagpt"\nmax_tokens = 7\n', "r.toml")
+    assert cell_tokens(load_sweep(path).cells[0]) == 5 * 7  # five roles, one turn each
+
+
+def test_dry_run_makes_no_network_call(tmp_path, no_loading, capsys, monkeypatch):
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a network call")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    path = sweep_file(tmp_path, BASE + "[axes]\nmodel = ['meta-llama/Llama-3.3-70B-Instruct', 'org/unknown-model']\n")
+    out, rows_ = dry_run_lines(capsys, path, tmp_path)
+    assert "weights unknown (no parameter count in its name)" in out
