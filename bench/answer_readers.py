@@ -94,7 +94,8 @@ def _respellings(g):
     if items and not re.match(r"[(\[]", g):  # a bare list of solutions
         out += [("reordered list", rf"\boxed{{{', '.join(reversed(items))}}}", True),
                 ("set", rf"\boxed{{\{{{', '.join(items)}\}}}}", True),
-                ("x = list", f"The answer is $x = {', x = '.join(items)}$.", True)]
+                ("x = list", f"The answer is $x = {', x = '.join(items)}$.", True),
+                ("or list", r"\boxed{" + r" \text{ or } ".join(items) + "}", True)]
     if g.count(r"\pm") == 1:
         a, b = g.split(r"\pm")
         out.append(("pm expanded", rf"\boxed{{{a.strip()} - {b.strip()}, {a.strip()} + {b.strip()}}}", True))

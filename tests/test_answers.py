@@ -268,6 +268,8 @@ def test_choice_value_never_matches_by_dropped_punctuation():
     ("1+\\sqrt{19}, 1-\\sqrt{19}", "1 \\pm \\sqrt{19}"), ("3-2\\sqrt{2},3+2\\sqrt{2}", "3 \\pm 2 \\sqrt{2}"),
     ("(3,4), (1,2)", "(1,2), (3,4)"),  # a list of points: any order, each point in its own order
     ("y = 4, x = 3", "x = 3, y = 4"),
+    ("x = 3 \\text{ or } x = -1", "-1, 3"), ("-1 and 3", "3, -1"), ("1, 2, and 3", "3, 2, 1"),
+    ("12 or 6", "6 or 12"),  # a CIAR gold
 ])
 def test_math_solution_lists_in_any_order(pred, gold):
     assert is_correct(pred, gold, "math") and is_correct(gold, pred, "math")
@@ -278,6 +280,7 @@ def test_math_solution_lists_in_any_order(pred, gold):
     ("(31,6,-1)", "(6,31,-1)"), ("(1,-2)", "(-2,1)"),  # ordered tuples stay ordered
     ("(2,1), (3,4)", "(1,2), (3,4)"), ("x = 4, y = 3", "x = 3, y = 4"),
     ("1, 2", "1, 2, 2"), ("1, 1, 2", "1, 2, 2"), ("1+\\sqrt{19}", "1 \\pm \\sqrt{19}"),
+    ("1 or 2", "1"), ("x = 3 or y = 4", "x = 4, y = 3"),  # a hedge is not its first value
     ("(1,2)", "1, 2"), ("12", "1, 2"),  # a point is not a list; the reference calls "1,2" 12
 ])
 def test_math_ordered_answers_stay_ordered(pred, gold):
@@ -314,6 +317,7 @@ def test_math_intervals(pred, gold, same):
 
 @pytest.mark.parametrize("pred, gold, same", [
     ("9 pears", "9", True), ("12 red apples", "12", True), ("\\frac{1}{2} pies", "0.5", True),
+    ("9 \\text{pears}", "9", True), ("9\\text{ pears}", "9", True), ("9 \\text{million}", "9", False),
     ("3 million", "3", False), ("3 dozen", "3", False), ("5 squared", "5", False), ("3 pi", "3", False),
     ("2 sin x", "2", False), ("4 ab", "4", False), ("10 times", "10", False),
 ])

@@ -367,6 +367,7 @@ def strip_math(s):
         s = m.group(1)
     s = _strip_word_unit(s.strip().rstrip("."))  # before \text{} is unwrapped: "5\text{ cm}k" is no word
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}", r"\1", s)
+    s = _or_list(s)
     s = s.replace("{,}", "")
     s = s.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
     s = re.sub(r"(\d)_\{(\w+)\}", r"\1_\2", s)  # base subscripts: "101_{2}" is "101_2"
@@ -415,13 +416,21 @@ _NOT_UNIT_WORDS = {"squared", "cubed", "factorial", "half", "halves", "third", "
 def _strip_word_unit(s):
     """A number and the noun it counts ("9 pears", "12 red apples") -> the number. Words of three
     letters or more only: "2 x", "4 ab" are products, "3 million", "2 pi", "3 sin x" other values."""
-    m = re.fullmatch(rf"({_NUM}(?:/\d+)?|\\frac\{{\d+\}}\{{\d+\}})\s+([A-Za-z]{{3,}}(?:\s+[A-Za-z]{{3,}})*)", s)
+    words = r"[A-Za-z]{3,}(?:\s+[A-Za-z]{3,})*"
+    m = re.fullmatch(rf"({_NUM}(?:/\d+)?|\\frac\{{\d+\}}\{{\d+\}})(?:\s*\\(?:text|mbox)\{{\s*({words})\s*\}}|\s+({words}))", s)
     if not m:
         return s
-    words = {w.lower() for w in m.group(2).split()}
+    words = {w.lower() for w in (m.group(2) or m.group(3)).split()}
     if words & (_NOT_UNIT_WORDS | _NAMES | set(_COMMANDS)) or any(re.match(_SCALES, w) for w in words):
         return s
     return m.group(1)
+
+
+def _or_list(s):
+    """'x = 3 or x = -1', '1, 2, and 3' -> comma lists, when every part holds a number (a word
+    answer such as 'odd and even' stays as written)."""
+    parts = re.split(r"\s*,?\s+(?:or|and)\s+", s)
+    return ",".join(parts) if len(parts) > 1 and all(re.search(r"\d", p) for p in parts) else s
 
 
 def _text_norm(s):
