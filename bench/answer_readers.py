@@ -185,10 +185,12 @@ def _bool_replies(task, rec):
 
 
 def _verdict_replies(task, rec):
-    said = {"win": ("Assistant 1", "[[A]]", "9 7"), "lose": ("Assistant 2", "[[B]]", "6 8"), "tie": ("tie", "[[C]]", "8 8")}
+    said = {"win": ("Assistant 1", "[[A]]", "9 7"), "lose": ("Assistant 2", "[[B]]", "6 8"),
+            "tie": ("tie", "[[C]]", "8 8")}
     other = "lose" if task.gold != "lose" else "win"
     who, bracket, scores = said[task.gold]
-    return [("verdict line", f"Verdict: {who}", True), ("brackets", bracket, True), ("scores", f"{scores}\nBoth are fine.", True),
+    return [("verdict line", f"Verdict: {who}", True), ("brackets", bracket, True),
+            ("scores", f"{scores}\nBoth are fine.", True),
             ("other verdict", f"Verdict: {said[other][0]}", False)]
 
 
@@ -207,7 +209,8 @@ def judge(mod, task, text):
     """(extracted answer, judged correct) under one version of the readers."""
     answer = text if isinstance(text, Answer) else mod.extract_answer(text, task.kind, task.choices)
     if task.kind == "translation":  # scored by BLEU/chrF elsewhere; here: the same sentence or not
-        return answer, answer is not None and mod.normalize_answer(answer, task.kind) == mod.normalize_answer(task.gold, task.kind)
+        same = answer is not None and mod.normalize_answer(answer, task.kind) == mod.normalize_answer(task.gold, task.kind)
+        return answer, same
     return answer, mod.is_correct(answer, task.metadata.get("accepted") or task.gold, task.kind)
 
 

@@ -186,7 +186,8 @@ def _letter_in(cand, letters, choices):
     value = _option_value(c)
     plain = lambda x: x.strip().rstrip(".").strip()
     tests = [lambda ch: plain(ch) == plain(c),
-             (lambda ch: _same_value(_option_value(ch), value)) if value else (lambda ch: _text_norm(ch) == _text_norm(c))]
+             (lambda ch: _same_value(_option_value(ch), value)) if value
+             else (lambda ch: _text_norm(ch) == _text_norm(c))]
     for test in tests if choices else ():
         hits = [i for i, ch in enumerate(choices) if test(str(ch))]
         if len(hits) == 1:
@@ -417,7 +418,8 @@ def _strip_word_unit(s):
     """A number and the noun it counts ("9 pears", "12 red apples") -> the number. Words of three
     letters or more only: "2 x", "4 ab" are products, "3 million", "2 pi", "3 sin x" other values."""
     words = r"[A-Za-z]{3,}(?:\s+[A-Za-z]{3,})*"
-    m = re.fullmatch(rf"({_NUM}(?:/\d+)?|\\frac\{{\d+\}}\{{\d+\}})(?:\s*\\(?:text|mbox)\{{\s*({words})\s*\}}|\s+({words}))", s)
+    m = re.fullmatch(rf"({_NUM}(?:/\d+)?|\\frac\{{\d+\}}\{{\d+\}})"
+                     rf"(?:\s*\\(?:text|mbox)\{{\s*({words})\s*\}}|\s+({words}))", s)
     if not m:
         return s
     words = {w.lower() for w in (m.group(2) or m.group(3)).split()}
