@@ -3,9 +3,15 @@ Faults"): each file's paper scale against a table written from the paper's text 
 and 11 with their captions, Sections 5.1-5.2 and 5.5, Appendix C), so that a file drifting from the
 paper fails here. Also: the dry run flags a data set that only the Hugging Face hub has, offline; and
 SAC's RA under both tie rules (ours, drawn; the reference code's, the first honest agent)."""
+import json
+from types import SimpleNamespace
+
 import pytest
 
-from byzantium.cli import main
+from byzantium.cli import main, parser
+from byzantium.experiments.sac import run_experiment
+from byzantium.protocols import prompts
+from byzantium.tasks import get_task
 from byzantium.experiments.report_cells import matches
 from byzantium.protocols.metrics import first_honest_vote, instance_metrics
 from byzantium.sweep import describe
@@ -153,11 +159,40 @@ def test_ra_ties_drawn_is_our_vote_and_the_same_as_h_majority():
 
 
 def test_ra_ties_is_a_flag_of_run_sac_and_a_sweep_key(tmp_path, capsys):
+    assert parser().parse_args(["run", "sac", "--ra-ties", "first-honest"]).ra_ties == "first-honest"
+    assert parser().parse_args(["run", "sac"]).ra_ties == "drawn"
     assert main(["run", "sac", "--ra-ties", "nearest", "--out", str(tmp_path / "o")]) == 2
     assert "--ra-ties" in capsys.readouterr().err
     path = tmp_path / "s.toml"
     path.write_text('paper = "sac"\nmethod = ["sac", "cpwbft"]\n[analysis]\nkind = "sac"\n'
                     '[run]\nra_ties = "first-honest"\nlimit = 1\n')
     cells = {c.method: c for c in load_sweep(path).cells}
-    assert cells["sac"].argv[-2:] == ["--ra-ties", "first-honest"] or "--ra-ties" in cells["sac"].argv
+    argv = cells["sac"].argv
+    assert argv[argv.index("--ra-ties") + 1] == "first-honest"
     assert "--ra-ties" not in cells["cpwbft"].argv  # CP-WBFT's RA is its global decision: no vote
+
+
+class Scripted:
+    """Answers `answer` to every solve and refine, `Score: 0.7` to every judgement."""
+    name, stats = "scripted", {}
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
+        judge = messages[0]["content"] == prompts.JUDGE_SYSTEM
+        return SimpleNamespace(text="Score: 0.7" if judge else f"Answer: {self.answer}")
+
+
+def test_the_tie_rule_reaches_the_records_and_the_summary(tmp_path):
+    tasks = get_task("gen-sum", 2)
+    kwargs = dict(n=7, weak=2, byzantine=1, F=3, T=1, topology="complete", progress=False, table=False)
+    first = run_experiment("sac", tasks, Scripted(tasks[0].gold), Scripted("1"), out=tmp_path / "f",
+                           ra_ties="first-honest", **kwargs)
+    drawn = run_experiment("sac", tasks, Scripted(tasks[0].gold), Scripted("1"), out=tmp_path / "d", **kwargs)
+    def rows(name):
+        return [json.loads(line) for line in (tmp_path / name / "results.jsonl").read_text().splitlines()]
+    assert all(r["ra_ties"] == "first-honest" for r in rows("f")) and all("ra_ties" not in r for r in rows("d"))
+    assert first["RA"] == drawn["RA"] == drawn["H-Majority"]  # 4 strong against 2 weak: no tie to break
+    with pytest.raises(ValueError, match="tie rule"):
+        run_experiment("sac", tasks, Scripted("1"), out=tmp_path / "x", ra_ties="last", **kwargs)
