@@ -2,12 +2,16 @@
 
 Only the plots the cells support are drawn (no K plot without two chunk sizes of one setting, ...):
 
-    sweep.png       MAJ vs RRMaj across the corruption sweep, 95 % CIs as error bars
+    sweep.png       MAJ vs RRMaj across the corruption sweep, 95 % CIs as error bars; a pattern that was
+                    not run is a gap in the line, not an interpolation
     scaling.png     test-time scaling: accuracy vs M, mean ± std over bootstrap trials as bands
     rounds.png      weak/strong accuracy per round, SAC vs CP-WBFT, one panel per topology
     resilience.png  drop (clean - faulty) by structure, with the paper's average drops
-    k.png           accuracy vs chunk size K (MAJ of the same setting as a line)
+    k.png           accuracy vs chunk size K (MAJ of the same setting as a line with its 95 % CI as a band)
     cost.png        prefill, decode and cached tokens and wall seconds, MAJ vs RRMaj
+
+Accuracy axes are 0-100 % and every band and error bar is clipped to it (a mean ± std can pass 100);
+bars carry their values.
 """
 from pathlib import Path
 
@@ -24,19 +28,29 @@ def _plt():
     return plt
 
 
+def _clip(v):
+    return min(100.0, max(0.0, v))
+
+
 def _err(ts):
-    """(points, [lower errors, upper errors]) in % from (point, lo, hi) tuples; None stays NaN."""
+    """(points, [lower errors, upper errors]) in % from (point, lo, hi) tuples, the interval clipped to
+    0-100 %; None stays NaN (a gap in the line)."""
     nan = float("nan")
     ys = [100 * t[0] if t else nan for t in ts]
-    lo = [100 * (t[0] - t[1]) if t else nan for t in ts]
-    hi = [100 * (t[2] - t[0]) if t else nan for t in ts]
+    lo = [100 * t[0] - _clip(100 * t[1]) if t else nan for t in ts]
+    hi = [_clip(100 * t[2]) - 100 * t[0] if t else nan for t in ts]
     return ys, [lo, hi]
 
 
 def _percent_axis(ax, label="accuracy (%)"):
-    ax.set_ylim(-3, 103)  # 0-100 %, with room for markers on the edges
+    ax.set_ylim(0, 100)  # the lines are drawn unclipped (clip_on=False), so markers on 0 or 100 show whole
     ax.set_ylabel(label)
     ax.grid(True, alpha=0.3)
+
+
+def _values(ax, bars, fmt):
+    """Each bar's value written on it, so that a bar says what it shows without reading the axis."""
+    ax.bar_label(bars, labels=[fmt(b.get_height()) for b in bars], fontsize=7, padding=2)
 
 
 def _grid(n, ncols=3):
@@ -62,12 +76,15 @@ def plot_sweep(cells, path):
         return None
     axes, fig = _grid(len(groups))
     for ax, g in zip(axes, groups):
-        xs = [c["c"] for c in g["columns"]]
+        # Every c from the first run to the last, so that a pattern not run is a NaN: a gap, where a
+        # line between its neighbours would show a value nobody measured.
+        run = {c["c"]: c for c in g["columns"]}
+        xs = list(range(min(run), max(run) + 1))
         for method, name, dx in (("maj", "MAJ", -0.05), ("rrmaj", "RRMaj", 0.05)):
-            ys, err = _err([c[method + "_ci"] for c in g["columns"]])
+            ys, err = _err([run[x][method + "_ci"] if x in run else None for x in xs])
             if any(y == y for y in ys):
-                ax.errorbar([x + dx for x in xs], ys, yerr=err, marker="o", capsize=4, label=name)
-        ax.set_xticks(xs, [c["label"] for c in g["columns"]])
+                ax.errorbar([x + dx for x in xs], ys, yerr=err, marker="o", capsize=4, label=name, clip_on=False)
+        ax.set_xticks(sorted(run), [run[x]["label"] for x in sorted(run)])
         ax.set_xlabel("corrupted / clean agents")
         ax.set_title(g["label"], fontsize=10)
         _percent_axis(ax)
@@ -87,8 +104,9 @@ def plot_scaling(cells, path, m_max=40, trials=50):
         mean = [100 * p["mean"] for p in c["points"]]
         std = [100 * p["std"] for p in c["points"]]
         name = ("MAJ" if c["method"] == "maj" else "RRMaj") + f" ({c['cell'].name})"
-        line, = ax.plot(ms, mean, marker="o", label=name, linestyle="--" if c["method"] == "maj" else "-")
-        ax.fill_between(ms, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+        line, = ax.plot(ms, mean, marker="o", label=name, linestyle="--" if c["method"] == "maj" else "-",
+                        clip_on=False)
+        ax.fill_between(ms, [_clip(m - s) for m, s in zip(mean, std)], [_clip(m + s) for m, s in zip(mean, std)],
                         color=line.get_color(), alpha=0.2)
     ax.set_xlabel("M (answers voted)")
     ax.xaxis.get_major_locator().set_params(integer=True)
@@ -111,7 +129,7 @@ def plot_rounds(cells, path):
             for g, values in r["rounds"].items():
                 ys, err = _err(values)
                 ax.errorbar(range(len(ys)), ys, yerr=err, marker="o" if g == "strong" else "s", capsize=3,
-                            linestyle=styles[g], color=f"C{i}",
+                            linestyle=styles[g], color=f"C{i}", clip_on=False,
                             label=f"{r['cell'].method.upper()} {g} ({r['cell'].name})")
         ax.set_xlabel("round")
         ax.set_title(f"topology: {topo}")
@@ -134,13 +152,15 @@ def plot_resilience(cells, path):
     drops = [s["drop_ci"] for s in structures]
     ys = [d[0] for d in drops]
     err = [[d[0] - d[1] for d in drops], [d[2] - d[0] for d in drops]]
-    ax.bar(range(len(ys)), ys, yerr=err, capsize=5, color="tab:red", alpha=0.7, label="ours (95% CI)")
+    bars = ax.bar(range(len(ys)), ys, yerr=err, capsize=5, color="tab:red", alpha=0.7, label="ours (95% CI)")
+    _values(ax, bars, lambda v: f"{v:+.1f}")
     paper = [(i, s["paper_drop"]) for i, s in enumerate(structures) if s.get("paper_drop") is not None]
     if paper:
         ax.scatter([i for i, _ in paper], [v for _, v in paper], marker="D", color="black", zorder=3,
                    label="paper (average drop)")
     ax.axhline(0, color="gray", linewidth=1)
     ax.set_xticks(range(len(ys)), names, fontsize=8)
+    ax.set_xlabel("structure, task, fault (+ defence)")
     ax.set_ylabel("drop, clean - faulty (points)")
     top = max([30, max(d[2] for d in drops) + 5] + [v for _, v in paper])
     ax.set_ylim(min(-10, min(d[1] for d in drops) - 5), 1.35 * top)  # headroom: the legend sits above the data
@@ -160,9 +180,12 @@ def plot_k(cells, path):
         ks = [p["k"] for p in g["points"]]
         ys, err = _err([p["ci"] for p in g["points"]])
         name = ("RRMaj" if g["method"] == "rrmaj" else "RR") + f" ({g['label']})"
-        bars = ax.errorbar(ks, ys, yerr=err, marker="o", capsize=4, label=name)
-        if g["maj"] is not None:
-            ax.axhline(100 * g["maj"][0], linestyle=":", color=bars[0].get_color(), label=f"MAJ ({g['label']})")
+        bars = ax.errorbar(ks, ys, yerr=err, marker="o", capsize=4, label=name, clip_on=False)
+        if g["maj"] is not None:  # the reference with its interval: is RRMaj's K within MAJ's noise?
+            point, lo, hi = (100 * v for v in g["maj"])
+            color = bars[0].get_color()
+            ax.axhline(point, linestyle=":", color=color, label=f"MAJ ({g['label']})")
+            ax.axhspan(_clip(lo), _clip(hi), color=color, alpha=0.12, label=f"MAJ 95% CI ({g['label']})")
     ax.set_xscale("log")
     ax.set_xticks(sorted({p["k"] for g in groups for p in g["points"]}))
     from matplotlib.ticker import NullFormatter, ScalarFormatter
@@ -191,19 +214,29 @@ def plot_cost(cells, path):
     width = 0.8 / len(runs)
     for i, (name, side) in enumerate(runs):
         off = i * width - 0.4 + width / 2
-        tok.bar([x + off for x in range(len(keys))], [side[k] or 0 for k, _ in keys], width, label=name)
-        sec.bar([off], [side["seconds"] or 0], width, label=name)
+        _values(tok, tok.bar([x + off for x in range(len(keys))], [side[k] or 0 for k, _ in keys], width,
+                             label=name), _count)
+        _values(sec, sec.bar([off], [side["seconds"] or 0], width, label=name), lambda v: f"{v:.1f}")
     tok.set_xticks(range(len(keys)), [name for _, name in keys])
+    tok.set_xlabel("engine counter")
     tok.set_ylabel("tokens")
     tok.set_title("Tokens per run")
     tok.legend(fontsize=8)
-    sec.set_xticks([0], ["wall time"])
+    sec.set_xticks([])
+    sec.set_xlabel("wall time of each run")
     sec.set_ylabel("seconds")
     sec.set_title("Seconds per run")
     for ax in (tok, sec):
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("Cost: MAJ vs RRMaj on the same settings (measured)")
     return _save(fig, path)
+
+
+def _count(v):
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if v >= size:
+            return f"{v / size:.1f}{unit}"
+    return f"{v:.0f}"
 
 
 PLOTS = {"sweep.png": plot_sweep, "scaling.png": plot_scaling, "rounds.png": plot_rounds,
