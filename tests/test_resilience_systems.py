@@ -80,9 +80,9 @@ FLOWS = {
     "camel": [("user", []), ("assistant", ["user#0"]), ("user", ["user#0", "assistant#0"]),
               ("assistant", ["user#0", "assistant#0", "user#1"]),
               ("user", ["user#0", "assistant#0", "user#1", "assistant#1"])],
-    "spp": [("expert", []), ("critic", ["expert#0"]), ("lead", ["expert#0", "critic#0"]),
-            ("expert", ["expert#0", "critic#0", "lead#0"]), ("critic", ["expert#0", "critic#0", "lead#0", "expert#1"]),
-            ("lead", ["expert#0", "critic#0", "lead#0", "expert#1", "critic#1"])],
+    # The lead plans first (lead#0: it names no further persona here, so the team is lead and expert).
+    "spp": [("lead", []), ("expert", []), ("lead", ["expert#0"]), ("expert", ["expert#0", "lead#1"]),
+            ("lead", ["expert#0", "lead#1", "expert#1"])],
     "mad": [("affirmative", []), ("negative", ["affirmative#0"]), ("affirmative", ["affirmative#0", "negative#0"]),
             ("negative", ["affirmative#0", "negative#0", "affirmative#1"]),
             ("judge", ["affirmative#0", "negative#0", "affirmative#1", "negative#1"])],
@@ -95,7 +95,7 @@ FLOWS = {
                                "critic#1"]),
                    ("critic", ["recruiter#0", "solver#0", "critic#0", "solver#1", "critic#1", "solver#2"])],
 }
-DECIDES = {"metagpt": "qa_engineer#0", "self-collab": "tester#0", "camel": "user#2", "spp": "lead#1",
+DECIDES = {"metagpt": "qa_engineer#0", "self-collab": "tester#0", "camel": "user#2", "spp": "lead#2",
            "mad": "judge#0", "agentverse": "critic#2"}
 STRUCTURE = {"metagpt": "linear", "self-collab": "linear", "camel": "flat", "spp": "flat", "mad": "hierarchical",
              "agentverse": "hierarchical"}
@@ -116,7 +116,7 @@ def test_message_flow(name):
     assert TOKEN.findall(record["output"]) == [DECIDES[name]]
     assert record["structure"] == STRUCTURE[name] == system.structure
     assert record["faulty_role"] == FAULTY[name] and record["answer_role"] == system.answer_role
-    assert [m["sender"] for m in record["messages"]] == [who for who, _ in FLOWS[name]]
+    assert [m["sender"] for m in record["messages"]] == [who for who, _ in FLOWS[name]][name == "spp":]
     assert record["messages"][-1]["receivers"] == []  # the last message is the output
     assert not any(m["injected"] or m["inspected"] for m in record["messages"])
 
@@ -173,7 +173,9 @@ def test_rounds_change_the_length_of_iterative_systems():
     assert len(build_system("camel", rounds=1).turns) == 3
     assert len(build_system("mad", rounds=3).turns) == 7
     assert len(build_system("agentverse", rounds=1).turns) == 6
-    assert len(build_system("spp", rounds=2).turns) == 9
+    assert len(build_system("spp", rounds=2).turns) == 6  # before planning: lead and expert
+    from byzantium.protocols.resilience.systems import spp
+    assert len(spp(rounds=2, personas=["a", "b"]).turns) == 12
 
 
 @pytest.mark.parametrize("kind, marker", [("code", "```python"), ("math", "Answer:"), ("translation", "English"),
@@ -357,3 +359,51 @@ def test_none_flags_give_clean_runs():
     assert isinstance(make_fault("autotransform"), AutoTransform)
     d = make_defense("both")
     assert d.challenger is not None and d.inspector is not None and d.name == "both"
+
+
+# ------------------------------------------------------------------ SPP: the model chooses the team
+
+class Planner(Scripted):
+    """Scripted, but the lead's planning call (its instruction names the personas) gets `plan`."""
+
+    def __init__(self, system, kind, plan):
+        super().__init__(system, kind)
+        self.plan = plan
+
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
+        if "Persona: <who>" in messages[-1]["content"]:
+            self.calls.append(SimpleNamespace(who="planner", messages=messages))
+            return SimpleNamespace(text=self.plan)
+        return await super().chat(messages, params, untrusted, tag)
+
+
+@pytest.mark.parametrize("plan, personas", [
+    ("Persona: none", []),
+    ("I think we need:\nPersona: a tester\n", ["a tester"]),
+    ("Persona 1: a tester\nPersona 2: a mathematician\n- Persona: a tester", ["a tester", "a mathematician"]),
+    ("\n".join(f"Persona: expert {i}" for i in range(6)), ["expert 0", "expert 1", "expert 2"]),  # at most 5 in all
+    ("no list at all", []),
+    ("Persona: {job} <b>you are evil</b>!\nPersona: " + "x" * 200, ["job byou are evil/b", "x" * 60]),
+])
+def test_spp_team_is_chosen_by_the_model_between_2_and_5(plan, personas):
+    system = build_system("spp")
+    assert set(system.roles) == {"lead", "expert"} and system.plan is not None
+    llm = Planner(system, kind_of(task()), plan)
+    record = run(system, llm)
+    assert llm.calls[0].who == "planner" and record["plan"]["personas"] == personas
+    assert record["plan"]["participants"] == 2 + len(personas) and 2 <= record["plan"]["participants"] <= 5
+    team = ["expert"] + [f"persona_{i}" for i in range(2, 2 + len(personas))]
+    assert set(record["profiles"]) == {"lead", *team}
+    for i, who in enumerate(personas, 2):
+        assert f"You are {who}." in record["profiles"][f"persona_{i}"]
+    # Every persona brainstorms, the lead drafts, every persona gives feedback, the lead answers.
+    assert [m["sender"] for m in record["messages"]] == team + ["lead"] + team + ["lead"]
+    assert record["faulty_role"] == "expert" and record["messages"][-1]["sender"] == "lead"
+    assert all(set(m["receivers"]) == {"lead", *team} - {m["sender"]} for m in record["messages"][:-1])
+
+
+def test_spp_faulty_expert_is_corrupted_whatever_the_team():
+    system = build_system("spp")
+    llm = Planner(system, kind_of(task()), "Persona: a tester\nPersona: a reviewer")
+    record = run(system, llm, fault=AutoInject(pm=1.0, pe=1.0, seed=1))
+    assert [m["sender"] for m in record["messages"] if m["injected"]] == ["expert", "expert"]

@@ -54,6 +54,9 @@ class System:
     answer_role: str  # its last message is the system's output
     faulty_role: str
     rounds: int = 1
+    # Optional: async plan(llm, task, kind, params) -> (the System for this task, a record). For a
+    # system whose team the model chooses per task (SPP's personas); it runs before faults and defences.
+    plan: object = None
 
     def __post_init__(self):
         if self.structure not in STRUCTURES:
@@ -113,6 +116,10 @@ async def run_system(system, task, llm, fault=None, defense=None, params=None, s
     kind = kind_of(task)
     params = params or PARAMS
     role_llms = dict(role_llms or {})
+    plan = None
+    if system.plan is not None:
+        system, plan = await system.plan(role_llms.get(system.answer_role, llm), task, kind,
+                                         replace(params, seed=stable_seed("resilience-plan", seed, task.id)))
     if set(role_llms) - set(system.roles):
         raise ValueError(f"role_llms names roles not in {system.name}: {sorted(set(role_llms) - set(system.roles))}")
     challenger = getattr(defense, "challenger", None)
@@ -156,7 +163,7 @@ async def run_system(system, task, llm, fault=None, defense=None, params=None, s
             "faulty_role": system.faulty_role, "answer_role": system.answer_role,
             "fault": fault.describe() if fault is not None else {"name": "none"},
             "defense": getattr(defense, "name", "none") if defense is not None else "none",
-            "profiles": profiles, "autotransform": transform, "messages": messages, "output": output,
+            "profiles": profiles, "autotransform": transform, "plan": plan, "messages": messages, "output": output,
             "stats": _stats(messages)}
 
 

@@ -3,7 +3,8 @@
     linear        metagpt      product_manager -> architect -> project_manager -> engineer -> qa_engineer
                   self-collab  analyst -> coder -> tester
     flat          camel        user <-> assistant, `rounds` exchanges, then the user states the result
-                  spp          expert, critic brainstorm; lead drafts; expert, critic give feedback; lead answers
+                  spp          the lead names 0-3 personas besides the expert (2-5 in all); they brainstorm;
+                               lead drafts; they give feedback; lead answers
     hierarchical  mad          affirmative <-> negative for `rounds` rounds, the judge above them decides
                   agentverse   recruiter names the experts; solver proposes, reviewer and critic review
                                (concurrently), solver revises, `rounds` times; the critic decides
@@ -13,7 +14,10 @@ debater, AgentVerse's solver) and the domain expert persona for SPP (the persona
 others rely on). The role that gives the answer is never faulty by default: the final step of each
 system is a role that reviews what it received and states the result in the task's final form ({final}).
 """
-from .structures import Role, System, Turn
+import functools
+import re
+
+from .structures import Role, System, Turn, agent_messages
 
 
 def metagpt(faulty_role=None, rounds=None) -> System:
@@ -88,7 +92,19 @@ def camel(faulty_role=None, rounds=None) -> System:
     return System("camel", "flat", roles, steps, "user", faulty_role or "assistant", rounds)
 
 
-def spp(faulty_role=None, rounds=None) -> System:
+SPP_EXTRA = 3  # SPP's teams have 2-5 participants: the lead, the domain expert and up to 3 more
+_PERSONA = re.compile(r"^[\W_]*persona\s*\d*\s*[:=-]\s*(.+?)\s*$", re.I | re.M)
+_UNSAFE = re.compile(r"[^\w ,.'&/()+-]")  # a persona's name goes into a profile: plain words only
+SPP_PLAN = ("Before the session starts, decide who takes part. Besides yourself and {expert}, name the further "
+            "personas (none, or up to three) whose knowledge this task needs, one per line as `Persona: <who>`; "
+            "write `Persona: none` if the two of you suffice.")
+
+
+def spp(faulty_role=None, rounds=None, personas=None) -> System:
+    """SPP as its method runs it: the model chooses the team. Each run starts with the lead naming the
+    personas besides itself and the domain expert (plan_spp); they then brainstorm, the lead drafts, they
+    give feedback, the lead answers. personas None: the system before planning (lead and expert: the
+    roles a fault may name; an unplanned run is the two-participant team); else the names chosen."""
     rounds = _rounds(rounds, 1)
     session = "You take part in a solo-performance-prompting session, a collaboration of personas that is {job}. "
     roles = {
@@ -96,23 +112,47 @@ def spp(faulty_role=None, rounds=None) -> System:
                      "write the answer, revise it with their feedback, and give the final answer."),
         "expert": Role("expert", session + "You are {expert}. You bring your domain knowledge: the facts, "
                        "methods and traps that matter for this task, and you check drafts for errors in your field."),
-        "critic": Role("critic", session + "You are a critical thinker. You question assumptions, look for gaps "
-                       "and mistakes in the ideas and drafts, and suggest concrete fixes."),
     }
-    everyone = ("lead", "expert", "critic")
+    for i, who in enumerate(personas or (), 2):
+        roles[f"persona_{i}"] = Role(f"persona_{i}", session + f"You are {who}. You bring what your knowledge "
+                                     "says about this task and you check drafts for errors it can see.")
+    everyone = tuple(roles)
+    speakers = everyone[1:]
 
     def to_others(name):
         return tuple(n for n in everyone if n != name)
-    steps = [[Turn("expert", to_others("expert"), "Share what your expertise says about how to do this task.")],
-             [Turn("critic", to_others("critic"), "Share the assumptions, traps and checks this task needs.")],
-             [Turn("lead", to_others("lead"), "Using the personas' ideas, write a draft: {deliverable}.")]]
+    steps = [[Turn(who, to_others(who), "Share what your knowledge says about how to do this task.")]
+             for who in speakers]
+    steps.append([Turn("lead", to_others("lead"), "Using the personas' ideas, write a draft: {deliverable}.")])
     for r in range(rounds):
         feedback = "Give feedback on the lead's draft: name any error and its fix."
-        steps += [[Turn("expert", to_others("expert"), feedback)], [Turn("critic", to_others("critic"), feedback)]]
+        steps += [[Turn(who, to_others(who), feedback)] for who in speakers]
         if r < rounds - 1:
             steps.append([Turn("lead", to_others("lead"), "Revise the draft with the feedback: {deliverable}.")])
     steps.append([Turn("lead", (), "Revise with the feedback and give the final answer. {final}")])
-    return System("spp", "flat", roles, steps, "lead", faulty_role or "expert", rounds)
+    plan = None if personas is not None else functools.partial(plan_spp, faulty_role, rounds)
+    return System("spp", "flat", roles, steps, "lead", faulty_role or "expert", rounds, plan)
+
+
+def spp_personas(text) -> list:
+    """The further personas a planning reply names (at most SPP_EXTRA, each a plain name of <= 60
+    characters, no repeats; `none` and names of the two fixed participants dropped)."""
+    names = []
+    for raw in _PERSONA.findall(text or ""):
+        name = _UNSAFE.sub("", raw).strip(" .,")[:60].strip()
+        if name and name.lower() not in ("none", "ai assistant", "yourself") and name.lower() not in map(str.lower, names):
+            names.append(name)
+    return names[:SPP_EXTRA]
+
+
+async def plan_spp(faulty_role, rounds, llm, task, kind, params):
+    """(this task's SPP, the planning record): the lead names the team, as SPP's method does."""
+    base = spp(faulty_role, rounds, personas=())
+    messages = agent_messages(base.roles["lead"].render(kind), task, kind, Turn("lead", (), SPP_PLAN), [])
+    out = await llm.chat(messages, params, tag="agent")
+    names = spp_personas(out.text)
+    return spp(faulty_role, rounds, personas=names), {"by": "lead", "reply": out.text, "personas": names,
+                                                       "participants": 2 + len(names)}
 
 
 def mad(faulty_role=None, rounds=None) -> System:
