@@ -215,8 +215,9 @@ def resilience_tables(cells) -> list:
                    pts(s["clean_ci"]), pts(s["faulty_ci"]), pts(s["defended_ci"]), pts(s["drop_ci"], True),
                    share(s["recovered"], s["note"]), _num(s["paper_drop"], "{:.1f}")] for s in report["structures"]]
     inert = sorted({f"{r['system']} ({r['task']}: {r['inert']})" for r in report["rows"] if r.get("inert")})
-    notes = ["points (pass@1 or accuracy %), 95% CI over problems (Wilson for pass/fail scores); drop = clean - "
-             "faulty (paired); recovered = (defended - faulty) / (clean - faulty)."]
+    notes = ["points (HumanEval: pass@1 %; CIAR, FairEval: accuracy %; CommonMT: sentence chrF, not BLEURT-20 as "
+             "in the paper, so CommonMT scores are not comparable with the paper's), 95% CI over problems (Wilson "
+             "for pass/fail scores); drop = clean - faulty (paired); recovered = (defended - faulty) / (clean - faulty)."]
     if inert:
         notes.append(f"AutoInject rewrote no piece of any message in {', '.join(inert)}: the faulty run is the clean "
                      "one, so its drop is 0 by construction and says nothing about resilience.")
@@ -224,7 +225,9 @@ def resilience_tables(cells) -> list:
                                            "defended", "drop", "recovered", "paper"], rows, notes),
             Table("Resilience by structure", ["structure", "task", "fault", "defence", "systems", "clean", "faulty",
                                               "defended", "drop", "recovered", "paper drop"], structures,
-                  ["means over the structure's systems, CI over problems (systems' scores averaged per problem)."])]
+                  ["means over the structure's systems, CI over problems (systems' scores averaged per problem).",
+                   "paper drop: the paper's headline, an average over both backbones, both fault methods and all "
+                   "four tasks, not this row's task and fault; CommonMT: chrF here, BLEURT-20 in the paper."])]
 
 
 def build_report(dirs) -> list:
