@@ -1,0 +1,17 @@
+"""mas_main's smoke cell on the embedded model: AutoInject rewrites at least one piece (a reduced cell:
+the faulty run only, with the smoke scale's own settings)."""
+import json
+import subprocess
+import sys
+
+from byzantium.sweep_config import load_sweep
+
+
+def test_mas_main_smoke_autoinject_injects_on_the_embedded_model(tmp_path):
+    cell = next(c for c in load_sweep("mas_main").cells if c.params["fault"] == "autoinject"
+                and c.params["defence"] == "none")
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "byzantium.cli", *cell.argv, "--out", str(out), "--no-progress"],
+                   check=True, timeout=900)
+    messages = json.loads((out / "summary.json").read_text())["messages"]
+    assert messages["inject_pieces_rewritten"] >= 1 and messages["injected"] >= 1
