@@ -89,7 +89,12 @@ def task_args(ap, default_limit):
                          "(detected from the file when not given)")
     ap.add_argument("--data", default=None, help="a local dataset file (JSONL)")
     ap.add_argument("--limit", type=int, default=None,
-                    help=f"number of questions (generators: default {default_limit})")
+                    help=f"number of questions (generators: default {default_limit}); with --data, a shuffle by "
+                         "--seed picks them")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="a data set's questions drawn at random by --sample-seed (as the papers' 128 a data set); "
+                         "every cell and every --seed then sees the same questions, and --limit takes the first of them")
+    ap.add_argument("--sample-seed", type=int, default=0, help="the seed of --sample (default 0)")
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -171,22 +176,32 @@ def sac_args(ap, protocol):
 
 def load_questions(args):
     """The questions named by --task / --data / --limit / --seed (a ValueError naming a bad one)."""
-    from .tasks import FORMATS, HUB, TASKS, get_task, load_task
+    from .tasks import FORMATS, HUB, TASKS, get_task, load_task, sample_tasks
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    sample = getattr(args, "sample", None)
+    if sample is not None and sample < 1:
+        raise ValueError(f"--sample must be >= 1, got {sample}")
+    if sample is not None and args.data is None and args.task not in HUB:
+        raise ValueError("--sample draws from a data set (--data FILE or a dataset name); a generator's --limit "
+                         "is its number of problems")
+    # With --sample: the whole set, the sample drawn, then --limit cuts it (in the data set's order).
+    limit, seed = (None, None) if sample is not None else (args.limit, args.seed)
     if args.data is not None:
         if not Path(args.data).is_file():
             raise ValueError(f"--data {args.data!r}: no such file")
         if args.task is not None and args.task not in FORMATS:
             raise ValueError(f"unknown --task {args.task!r} for --data; dataset formats: {', '.join(FORMATS)}")
-        tasks = load_task(args.data, limit=args.limit, seed=args.seed, format=args.task)
+        tasks = load_task(args.data, limit=limit, seed=seed, format=args.task)
     elif (args.task or "gen-arith") in TASKS:
         tasks = get_task(args.task or "gen-arith", 100 if args.limit is None else args.limit, args.seed)
     elif args.task in HUB:
-        tasks = load_task(args.task, limit=args.limit, seed=args.seed)
+        tasks = load_task(args.task, limit=limit, seed=seed)
     else:
         raise ValueError(f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}, "
                          f"or a dataset ({', '.join(FORMATS)}) with --data FILE")
+    if sample is not None:
+        tasks = sample_tasks(tasks, sample, args.sample_seed)[:args.limit]
     if not tasks:
         raise ValueError("no questions to run")
     return tasks

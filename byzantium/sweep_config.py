@@ -14,14 +14,19 @@ ordinary `byzantium run <method>` into its own directory. Read and checked here,
     [axes]                            # lists: their cartesian product makes the cells
     pattern = ["0c5t", "3c2t"]        # c corrupted of N agents (or: corrupt/agents, or
                                       # corrupted = [3, 4], explicit agent indices)
-    task = ["gen-track", {name = "gsm8k", task = "gsm8k", data = "gsm8k.jsonl"}]
+    task = ["gen-track", {name = "gsm8k", task = "gsm8k", data = "gsm8k.jsonl", max_len = 1024}]
+                                      # (a task table's max_len / max_tokens: that data set's limit)
     [[cells]]                         # optional: explicit cells (e.g. the conditions of a table), each
                                       # run at every point of the axes
     [models."Qwen/Qwen3-4B"]          # per model: chat_template_kwargs, max_model_len (a server's limit)
     chat_template_kwargs = {enable_thinking = false}
     [scale.smoke.run] / [scale.smoke.axes] / [[scale.smoke.cells]]   (and scale.paper): these replace
                                       # the same keys of [run] / [axes] / the [[cells]] list
-    [[published]]                     # the paper's numbers, as data (see sweep.json in sweep.py)
+    [[published]]                     # the paper's numbers, as data (see sweep.json in sweep.py): one
+                                      # number (value, where = {...}), or a table of them: by = ["task",
+                                      # "method"], rows = [["gsm8k", "maj", 97.5], ...]; average = true:
+                                      # the paper's average over the cells `where` matches (shown beside
+                                      # our average of them, never beside one cell)
 
 A key is the long flag of `byzantium run <method>` with `_` for `-` (`F` is --f, `defence` is --defense;
 models: `model` for every agent, `models` one per agent, `strong_model`/`weak_model` for SAC). A key
@@ -68,11 +73,13 @@ KEYS = {
     "pe": ("--pe", RES), "error_type": ("--error-type", RES), "faulty_role": ("--faulty-role", RES),
     "fault_max_tokens": ("--fault-max-tokens", RES), "inspector_max_tokens": ("--inspector-max-tokens", RES),
     "task": ("--task", RR | SAC | RES), "data": ("--data", RR | SAC | RES), "limit": ("--limit", RR | SAC | RES),
+    "sample": ("--sample", RR | SAC), "sample_seed": ("--sample-seed", RR | SAC),
     "seed": ("--seed", RR | SAC | RES), "temperature": ("--temperature", RR | SAC),
     "concurrency": ("--concurrency", RR | SAC | RES),
     "pattern": (None, RR), "corrupted": (None, RR), "method": (None, RR | SAC | RES),
 }
 BOOL_KEYS = ("allow_identical", "all_rounds")
+PER_TASK = ("max_len", "max_tokens")  # settings a task table may carry: each data set's own length limit
 TOP_KEYS = {"name", "paper", "table", "method", "data_root", "prompt_budget", "analysis", "run", "axes", "cells",
             "models", "scale", "published"}
 
@@ -259,23 +266,55 @@ def _data_root(path, in_file, flag, fail):
 
 
 def _published(entries, fail):
+    """The [[published]] entries, each checked; an entry with `by` and `rows` (a table of the paper's
+    numbers, one row a number) becomes one plain entry per row."""
     if not isinstance(entries, list):
         fail("[[published]]", "a list of tables")
+    out = []
     for i, p in enumerate(entries, 1):
         where = f"[[published]] #{i}"
-        for key, kind in (("table", str), ("method", str), ("metric", str), ("value", (int, float)),
-                          ("where", dict), ("source", str)):
-            if not isinstance(p.get(key), kind):
-                fail(f"{where}.{key}", "missing or of the wrong type")
-        if p["method"] not in METHODS:
-            fail(f"{where}.method", f"{p['method']!r}; choose one of {', '.join(METHODS)}")
-        for key in p["where"]:
-            if key not in KEYS or KEYS[key][0] is None and key not in ("pattern", "corrupted"):
-                fail(f"{where}.where.{key}", "not a cell parameter")
-        for key in p:
-            if key not in ("table", "method", "metric", "value", "value_max", "unit", "where", "source", "note"):
-                fail(f"{where}.{key}", "unknown key")
-    return entries
+        if not isinstance(p, dict):
+            fail(where, "a table")
+        out += [_published_entry(e, where, fail) for e in _published_rows(p, where, fail)]
+    return out
+
+
+def _published_rows(p, where, fail):
+    if "rows" not in p and "by" not in p:
+        return [p]
+    by, rows = p.get("by"), p.get("rows")
+    if not (isinstance(by, list) and by and all(isinstance(k, str) for k in by)) or not isinstance(rows, list):
+        fail(f"{where}.by", 'by = ["key", ...] names the columns of rows = [[v1, ..., value], ...]')
+    base = {k: v for k, v in p.items() if k not in ("by", "rows")}
+    out = []
+    for j, row in enumerate(rows, 1):
+        if not isinstance(row, list) or len(row) != len(by) + 1:
+            fail(f"{where}.rows #{j}", f"{len(by)} values ({', '.join(by)}) and the number, got {row!r}")
+        keys = dict(zip(by, row[:-1]))
+        entry = {**base, "where": {**(base.get("where") or {}), **keys}, "value": row[-1]}
+        for key in ("method", "metric"):  # the entry's own fields, not cell parameters
+            if key in keys:
+                entry[key] = entry["where"].pop(key)
+        out.append(entry)
+    return out
+
+
+def _published_entry(p, where, fail):
+    for key, kind in (("table", str), ("method", str), ("metric", str), ("value", (int, float)),
+                      ("where", dict), ("source", str)):
+        if not isinstance(p.get(key), kind) or isinstance(p.get(key), bool):
+            fail(f"{where}.{key}", "missing or of the wrong type")
+    if p["method"] not in METHODS:
+        fail(f"{where}.method", f"{p['method']!r}; choose one of {', '.join(METHODS)}")
+    for key in p["where"]:
+        if key not in KEYS or KEYS[key][0] is None and key not in ("pattern", "corrupted"):
+            fail(f"{where}.where.{key}", "not a cell parameter")
+    for key in p:
+        if key not in ("table", "method", "metric", "value", "value_max", "unit", "where", "source", "note", "average"):
+            fail(f"{where}.{key}", "unknown key")
+    if not isinstance(p.get("average", False), bool):
+        fail(f"{where}.average", "true (an average over every cell its `where` matches) or false")
+    return p
 
 
 # ------------------------------------------------------------------------------------------ one cell
@@ -290,6 +329,13 @@ def _cell(point, sources, axis_names, root, check_files, where):
     if method not in METHODS:
         fail("method", f"{method!r}; choose one of {', '.join(METHODS)}")
     family = next(f for f in (RR, SAC, RES) if method in f)
+    task = point.get("task")
+    for key in PER_TASK:  # a task table's own length limit (L per data set) beats [run]'s
+        if isinstance(task, dict) and key in task:
+            if not sources.get(key, "[run]").endswith("run]"):  # an axis or a cell sets it too
+                fail(key, f"set both by the task table ({task.get('name')}) and by {sources[key]}; set it in one place")
+            point[key], sources[key] = task[key], sources.get("task", "[axes]")
+            point["task"] = task = {k: v for k, v in task.items() if k != key}
     for key in point:
         if not KEYS[key][1] & family:
             fail(key, f"does not apply to {method}")
@@ -306,7 +352,10 @@ def _cell(point, sources, axis_names, root, check_files, where):
         sources["corrupt"] = sources["agents"] = sources["pattern"]
     for key, value in point.items():
         _check_type(key, value, fail)
-    agents = point.get("agents", 5 if family is RR else 7)
+    default_agents = (len(point["models"]) if isinstance(point.get("models"), list) else 5) if family is RR else 7
+    agents = point.get("agents", default_agents)  # one agent per named model unless agents says otherwise
+    if family is RR and "models" in point and "agents" not in point:
+        point["agents"], sources["agents"] = agents, sources.get("models", "[run]")
     if "corrupted" in point:
         idx = point["corrupted"]
         if "corrupt" in point:
@@ -354,7 +403,7 @@ def _cell(point, sources, axis_names, root, check_files, where):
 def _check_type(key, value, fail):
     ints = ("agents", "corrupt", "chunk", "trajectories", "max_len", "weak", "byzantine", "F", "rounds",
             "max_tokens", "judge_max_tokens", "fault_max_tokens", "inspector_max_tokens", "limit", "seed",
-            "concurrency")
+            "concurrency", "sample", "sample_seed")
     if key in ints and (not isinstance(value, int) or isinstance(value, bool)):
         fail(key, f"an integer, got {value!r}")
     if key in ("temperature", "pm", "pe") and (not isinstance(value, (int, float)) or isinstance(value, bool)):
@@ -379,7 +428,7 @@ def _task(point, fail):
     if isinstance(task, dict):
         for key in task:
             if key not in ("name", "task", "data"):
-                fail("task", f"unknown key {key!r} in a task table (name, task, data)")
+                fail("task", f"unknown key {key!r} in a task table (name, task, data, {', '.join(PER_TASK)})")
         if data is not None and "data" in task:
             fail("data", "given both in the task table and as a key")
         data = task.get("data", data)
@@ -602,8 +651,8 @@ def _blame(cell, where, message):
 def _static_checks(method, args):
     """What prepare_run / prepare_sac / prepare_resilience check, without loading questions or models."""
     from .tasks import FORMATS, HUB, TASKS
-    for flag in ("limit", "concurrency", "max_tokens", "judge_max_tokens", "fault_max_tokens", "inspector_max_tokens",
-                 "rounds"):
+    for flag in ("limit", "sample", "concurrency", "max_tokens", "judge_max_tokens", "fault_max_tokens",
+                 "inspector_max_tokens", "rounds"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")

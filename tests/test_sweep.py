@@ -90,7 +90,7 @@ limit = 2
     ("[axes]\nbogus = [1]\n", "[axes].bogus: unknown key"),
     ("[axes]\ntask = ['gen-nothing']\n", "[axes].task:"),
     ("[axes]\ntask = [{name = 'g', task = 'gsm8k', data = 'no-such.jsonl'}]\n", "[axes].task: data file 'no-such.jsonl' not found"),
-    ("[axes]\nmodels = [['a', 'b']]\n", "[axes].models: names 2 models for agents=5"),
+    ("[axes]\nagents = [5]\nmodels = [['a', 'b']]\n", "[axes].models: names 2 models for agents=5"),
     ("[axes]\ncorrupted = [[0, 9]]\n", "[axes].corrupted: distinct agent indices"),
     ("[scale.smoke.run]\nlimit = 0\n", "[scale.smoke.run].limit: --limit must be >= 1"),
     ("[scale.paper.run]\nlimit = 1\n", "[scale.smoke]: missing"),

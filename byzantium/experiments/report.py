@@ -74,6 +74,8 @@ def published_table(cells, sweeps):
         for p in sweep.get("published") or []:
             matched = [c.name for c in mine if matches(p, c)]
             where = ", ".join(f"{k}={v}" for k, v in (p.get("where") or {}).items()) or "(the whole sweep)"
+            if p.get("average"):
+                continue  # in "Published averages"
             rows.append([sweep.get("name", ""), p.get("table", ""), p.get("method") or "–", p.get("metric", ""),
                          format_published([p], False), where, ", ".join(matched) or "–"])
     if not rows:
@@ -81,6 +83,26 @@ def published_table(cells, sweeps):
     return Table("Published numbers", ["sweep", "table", "method", "metric", "paper", "where", "matched cells"], rows,
                  ["an entry is shown beside the cells whose params equal every key of its `where`; one without "
                   "`where` is a headline of the whole sweep."])
+
+
+def averages_table(cells, sweeps, m_max=40, trials=50):
+    """The paper's averages beside ours over the same cells (never beside a single cell)."""
+    rows = []
+    for a in data.published_averages(cells, sweeps, m_max, trials):
+        p = a["entry"]
+        where = ", ".join(f"{k}={v}" for k, v in p["where"].items())
+        ours = a["ours"]
+        text = "–" if ours is None or ours[0] is None else pct(ours) if ours[1] is not None else f"{100 * ours[0]:.1f}"
+        rows.append([p.get("table", ""), p["method"], p.get("metric", ""), where, f"{len(a['done'])}/{len(a['cells'])}",
+                     text, format_published([p], False)])
+    if not rows:
+        return None
+    return Table("Published averages", ["table", "method", "metric", "over the cells with", "cells run", "ours",
+                                         "paper"], rows,
+                 ["an average of the paper (over data sets, models or both) beside ours over the same cells: "
+                  "accuracies averaged with each cell's problems resampled on their own (95% CI); M=k: the mean "
+                  "of the cells' scaling curves at M=k. With fewer cells run than the average covers, ours is "
+                  "over those run only."])
 
 
 def sweep_tables(cells) -> list:
@@ -237,7 +259,9 @@ def build_report(dirs) -> list:
     tables = [cells_table(cells)] + sweep_tables(cells)
     tables += [scaling_table(cells, analysis.get("m_max", 40), analysis.get("trials", 50)),
                final_speaker_table(cells), k_table(cells), cost_table(cells)]
-    tables += byzantine_tables(cells) + resilience_tables(cells) + [published_table(cells, sweeps)]
+    tables += byzantine_tables(cells) + resilience_tables(cells)
+    tables += [averages_table(cells, sweeps, analysis.get("m_max", 40), analysis.get("trials", 50)),
+               published_table(cells, sweeps)]
     return [t for t in tables if t is not None]
 
 

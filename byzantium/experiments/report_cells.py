@@ -187,7 +187,13 @@ def _same(a, b):
 def matches(entry, cell) -> bool:
     """Does a published entry belong to this cell: method equal (when given) and every key of a
     non-empty `where` equal to the cell's params (a key the cell lacks does not match)? An entry with
-    no `where` is a sweep-wide headline: it is listed on its own (report's "Published numbers")."""
+    no `where` is a sweep-wide headline: it is listed on its own (report's "Published numbers"); one with
+    `average = true` is an average over cells, shown beside our average of them, never beside one cell."""
+    return not entry.get("average") and covers(entry, cell)
+
+
+def covers(entry, cell) -> bool:
+    """Is the cell one of those a published entry describes (for an average: one it averages over)?"""
     where = entry.get("where") or {}
     return bool(where) and entry.get("method") in (None, cell.method) and \
         all(k in cell.params and _same(cell.params[k], v) for k, v in where.items())

@@ -5,9 +5,11 @@ problems) or [] / None when the cells do not support it; report.py renders them 
 draws them. The Consensus Trap analyses reuse protocols/rr_analysis.py; resilience reuses
 experiments/resilience.resilience_report.
 """
+import re
+
 from ..protocols import rr_analysis
 from .bootstrap import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
-from .report_cells import BYZANTINE, parse_failures, published_for, sac_metrics, value
+from .report_cells import BYZANTINE, covers, parse_failures, published_for, sac_metrics, value
 
 RR_ONLY = ("chunk", "trajectories", "order")  # settings MAJ does not have
 SWEPT = ("corrupt", "pattern")
@@ -298,3 +300,36 @@ def resilience(cells):
             s[name + "_ci"] = mean_ci(values.values()) if values else None
         s["drop_ci"] = diff_ci(avg["faulty"], avg["clean"]) if avg["clean"] and avg["faulty"] else None
     return report
+
+
+# ---------------------------------------------------------------------------- the paper's averages
+
+def published_averages(cells, sweeps, m_max=40, trials=50) -> list:
+    """Each published average (`average = true`) with ours over the same cells: the mean of the cells'
+    accuracies (each cell's problems resampled on their own), or for "accuracy at M=k" the mean of the
+    cells' test-time scaling curves at M=k; for "clean-last / corrupt-last accuracy" the trajectories
+    pooled over the cells. Cells the sweep did not run are counted, not guessed."""
+    out = []
+    curves = None
+    for sweep in sweeps:
+        mine = [c for c in cells if c.sweep is sweep]
+        for p in sweep.get("published") or []:
+            if not p.get("average"):
+                continue
+            over = [c for c in mine if covers(p, c)]
+            done = [c for c in over if c.records]
+            m = re.fullmatch(r"accuracy at M=(\d+)", p.get("metric", ""))
+            last = re.fullmatch(r"(clean|corrupt)-last accuracy", p.get("metric", ""))
+            if last:  # trajectories pooled over the cells, as the paper's counts are
+                stats = final_speaker(done)
+                right, n = (sum(s[f"{last[1]}_{k}"] for s in stats) for k in ("right", "n"))
+                ours = (right / n, None, None) if n else None
+            elif m:
+                curves = scaling(cells, m_max, trials) if curves is None else curves
+                at = [pt["mean"] for cv in curves if cv["cell"] in done for pt in cv["points"]
+                      if pt["m"] == int(m[1])]
+                ours = (sum(at) / len(at), None, None) if at and len(at) == len(done) else None
+            else:
+                ours = mean_of_means_ci([per_problem(c).values() for c in done]) if done else None
+            out.append(dict(entry=p, sweep=sweep, cells=over, done=done, ours=ours))
+    return out

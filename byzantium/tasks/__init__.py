@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from .answers import KINDS, extract_answer, is_correct, normalize_answer
 from .generators import gen_arith, gen_order, gen_sum, gen_track
-from .loaders import FORMATS, HUB, detect_format, load_hub, load_jsonl, read_records
+from .loaders import FORMATS, HUB, detect_format, load_hub, load_jsonl, read_records, sample_tasks
 from .record import Task
 from .resilience import (BUILTIN_TASKS, RESILIENCE_TASKS, aggregate, gen_code, load_resilience_task, score_output,
                          sniff_resilience_format)
@@ -56,5 +56,5 @@ def load_task(name_or_path, limit=None, seed=None, format=None):
 
 
 __all__ = ["Task", "KINDS", "FORMATS", "HUB", "TASKS", "get_task", "load_task", "load_jsonl", "load_hub",
-           "read_records", "detect_format", "extract_answer", "is_correct", "normalize_answer",
+           "read_records", "sample_tasks", "detect_format", "extract_answer", "is_correct", "normalize_answer",
            "RESILIENCE_TASKS", "load_resilience_task", "score_output", "aggregate", "gen_code"]

@@ -124,6 +124,15 @@ def load_hub(name, config=None, split=None, format=None, limit=None, seed=None):
     return _select([parse_record(r, fmt, i) for i, r in enumerate(records)], limit, seed)
 
 
+def sample_tasks(tasks, n, seed=0):
+    """n of the tasks drawn at random by `seed`, kept in the data set's order: a fixed sample that does
+    not move with the generation seed (the papers test "128 random questions" a data set)."""
+    if n > len(tasks):
+        raise ValueError(f"--sample {n}: the data set has only {len(tasks)} problems")
+    keep = sorted(random.Random(seed).sample(range(len(tasks)), n))
+    return [tasks[i] for i in keep]
+
+
 def _select(tasks, limit, seed):
     if seed is not None:
         tasks = list(tasks)
