@@ -26,6 +26,10 @@ PUBLISHED = [
      "where": {"topology": "complete"}, "source": "SAC Table 3"},
     {"table": "Table 3", "method": "sac", "metric": "BFTI", "value": 1.0, "where": {"topology": "merg"},
      "source": "nowhere-to-be-seen"},
+    {"table": "Table 9", "method": "rrmaj", "metric": "accuracy", "value": 33.3, "unit": "%", "average": True,
+     "where": {"chunk": 8}, "source": "CT average"},
+    {"table": "Table 3", "method": "rrmaj", "metric": "accuracy at M=2", "value": 44.4, "unit": "%", "average": True,
+     "where": {"chunk": 8}, "source": "CT scaling average"},
 ]
 
 
@@ -338,3 +342,18 @@ def test_a_cell_whose_mechanism_did_nothing_says_so():
     rows = {r["cell"].name: r for r in report_data.cell_rows([zero, unparsed, fine])}
     assert rows["maj-0"]["idle"].startswith("0 on every problem")
     assert rows["maj-u"]["idle"] == "every final answer unparsed" and rows["maj-ok"]["idle"] is None
+
+
+def test_published_averages_sit_beside_our_average_of_the_same_cells(runs):
+    sweep, _ = runs
+    t = tables([sweep])
+    everywhere = [r for title, rs in t.items() if title != "Published averages" for r in rs]
+    assert not [r for r in everywhere if "CT average" in json.dumps(r) or "CT scaling average" in json.dumps(r)]
+    rows = {r["metric"]: r for r in t["Published averages"]}
+    acc = [sum(r["correct"] for r in records(sweep / name)[0]) / len(records(sweep / name)[0])
+           for name in ("rrmaj-0c", "rrmaj-2c")]
+    assert rows["accuracy"]["cells run"] == "2/2" and point(rows["accuracy"]["ours"]) == pct(sum(acc) / 2)
+    assert "33.3 % (CT average)" == rows["accuracy"]["paper"]
+    scaling = {r["cell"]: r for r in t["Test-time scaling"]}
+    at2 = [float(scaling[name]["M=2"].split(" ±")[0]) for name in ("rrmaj-0c", "rrmaj-2c")]
+    assert abs(float(rows["accuracy at M=2"]["ours"]) - sum(at2) / 2) < 0.051
