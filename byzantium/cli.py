@@ -92,8 +92,9 @@ def task_args(ap, default_limit):
                     help=f"number of questions (generators: default {default_limit}); with --data, a shuffle by "
                          "--seed picks them")
     ap.add_argument("--sample", type=int, default=None,
-                    help="a data set's questions drawn at random by --sample-seed (as the papers' 128 a data set); "
-                         "every cell and every --seed then sees the same questions, and --limit takes the first of them")
+                    help="a data set's questions drawn at random by --sample-seed (as the papers' 128 a data "
+                         "set); every cell and every --seed then sees the same questions, and --limit takes the "
+                         "first of them")
     ap.add_argument("--sample-seed", type=int, default=0, help="the seed of --sample (default 0)")
     ap.add_argument("--seed", type=int, default=0)
 

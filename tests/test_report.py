@@ -357,3 +357,29 @@ def test_published_averages_sit_beside_our_average_of_the_same_cells(runs):
     scaling = {r["cell"]: r for r in t["Test-time scaling"]}
     at2 = [float(scaling[name]["M=2"].split(" ±")[0]) for name in ("rrmaj-0c", "rrmaj-2c")]
     assert abs(float(rows["accuracy at M=2"]["ours"]) - sum(at2) / 2) < 0.051
+
+
+def test_two_backbones_and_two_error_types_stay_apart_in_the_resilience_table():
+    """At paper scale mas_main runs GPT-3.5 and GPT-4o, semantic and syntactic AutoInject, on one system
+    and task: each row's clean, faulty and drop come from its own runs, not from whichever came last."""
+    from types import SimpleNamespace
+
+    from byzantium.experiments import report_data
+
+    def cell(model, fault, error_type, scores):
+        config = dict(system="camel", structure="flat", task="gen-code", model=model, fault=fault, defense="none",
+                      faulty_role="assistant", pm=1.0, pe=0.2, error_type=error_type, fault_max_tokens=None,
+                      inspector_max_tokens=None, seed=0)
+        summary = dict(config=config, score=sum(scores) / len(scores), complete=True, metric="pass@1")
+        records = [{"id": f"p{i}", "score": {"score": s}} for i, s in enumerate(scores)]
+        return SimpleNamespace(method="resilience", summary=summary, records=records, sweep=None)
+
+    cells = [cell("gpt-3.5", "none", "semantic", [1, 1, 1, 1]), cell("gpt-4o", "none", "semantic", [1, 1, 0, 0]),
+             cell("gpt-3.5", "autoinject", "semantic", [0, 1, 1, 1]),
+             cell("gpt-3.5", "autoinject", "syntactic", [0, 0, 1, 1]),
+             cell("gpt-4o", "autoinject", "semantic", [0, 1, 0, 0])]
+    rows = {(r["model"], r["fault_settings"]["error_type"]): r for r in report_data.resilience(cells)["rows"]}
+    assert {k: (r["clean_ci"][0], r["faulty_ci"][0]) for k, r in rows.items()} == {
+        ("gpt-3.5", "semantic"): (100.0, 75.0), ("gpt-3.5", "syntactic"): (100.0, 50.0),
+        ("gpt-4o", "semantic"): (50.0, 25.0)}
+    assert rows[("gpt-3.5", "syntactic")]["drop_ci"][0] == pytest.approx(50.0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import report_data as data
+from ..sweep_config import short_model
 from .report_cells import format_published, load_cells, matches, metric_name
 
 FORMATS = ("md", "csv", "tex")
@@ -230,7 +231,13 @@ def resilience_tables(cells) -> list:
     def share(x, note):
         return "n/a (no drop)" if note else "–" if x is None else f"{100 * x:.0f}%"
 
-    rows = [[r["system"], r["structure"], r["task"], r["fault"] or "–", r["defense"] or "–", pts(r["clean_ci"]),
+    several = len({r.get("model") for r in report["rows"]}) > 1  # two backbones: say which row is which
+
+    def system(r):
+        fault = (r.get("fault_settings") or {}).get("error_type") if r["fault"] == "autoinject" else None
+        return r["system"] + "".join(f" ({x})" for x in (short_model(r.get("model")) if several else None, fault) if x)
+
+    rows = [[system(r), r["structure"], r["task"], r["fault"] or "–", r["defense"] or "–", pts(r["clean_ci"]),
              pts(r["faulty_ci"]), pts(r["defended_ci"]), pts(r["drop_ci"], True), share(r["recovered"], r["note"]),
              format_published(r["published"])] for r in report["rows"]]
     structures = [[s["structure"], s["task"], s["fault"] or "–", s["defense"] or "–", str(len(s["systems"])),

@@ -255,23 +255,33 @@ def _points(t):
 
 def resilience(cells):
     """resilience_report's rows and means by structure, each score with its interval (points), or None."""
-    from .resilience import resilience_report
+    from .resilience import FAULT_KEYS, resilience_report
     runs = [c for c in cells if c.method == "resilience" and c.summary]
     if not runs:
         return None
     report = resilience_report([c.summary for c in runs])
-    index = {}
-    for c in runs:
-        cfg = c.summary["config"]
-        index[(cfg["system"], cfg["task"], cfg["fault"], cfg["defense"])] = c
+
+    def find(row, faulty, defense):
+        """The run of a row's condition: same system, task and model (two backbones are two rows), and
+        for a faulty or defended run the row's own fault settings (semantic and syntactic apart)."""
+        for c in runs:
+            cfg = c.summary["config"]
+            if (cfg["system"], cfg["task"], cfg.get("model"), cfg["defense"]) != \
+                    (row["system"], row["task"], row.get("model"), defense):
+                continue
+            if faulty and {k: cfg.get(k) for k in FAULT_KEYS} == row["fault_settings"]:
+                return c
+            if not faulty and cfg["fault"] == "none":
+                return c
+        return None
 
     def points(cell):
         return {k: None if v is None else 100 * v for k, v in per_problem(cell).items()} if cell else {}
 
     for row in report["rows"]:
-        clean = index.get((row["system"], row["task"], "none", "none"))
-        faulty = index.get((row["system"], row["task"], row["fault"], "none")) if row["fault"] else None
-        defended = index.get((row["system"], row["task"], row["fault"], row["defense"])) if row["defense"] else None
+        clean = find(row, False, "none")
+        faulty = find(row, True, "none") if row["fault"] else None
+        defended = find(row, True, row["defense"]) if row["defense"] else None
         for name, cell in (("clean", clean), ("faulty", faulty), ("defended", defended)):
             row[name + "_ci"] = _points(mean_ci(per_problem(cell).values())) if cell else None
             row[name + "_cell"] = cell

@@ -337,7 +337,8 @@ def _row(clean, faulty, defended) -> dict:
     some = clean or faulty or defended
     c = some["config"]
     fc = (faulty or defended or {}).get("config", {})
-    row = {"system": c["system"], "structure": c["structure"], "task": c["task"], "metric": some.get("metric"),
+    row = {"system": c["system"], "structure": c["structure"], "task": c["task"], "model": c.get("model"),
+           "metric": some.get("metric"),
            "fault": fc.get("fault"), "fault_settings": {k: fc.get(k) for k in FAULT_KEYS} if fc else None,
            "defense": defended["config"]["defense"] if defended else None,
            "clean": _points(clean), "faulty": _points(faulty), "defended": _points(defended),
