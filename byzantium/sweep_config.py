@@ -43,6 +43,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .experiments.report_cells import short_model
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -474,13 +476,6 @@ def _models(method, point, agents):
     names = [strong, point.get("weak_model", strong) if point.get("weak", 2) else None,
              point.get("adversary_model", strong) if point.get("adversary") == "decoy" else None]
     return list(dict.fromkeys(n for n in names if n is not None)) or [None]
-
-
-def short_model(name):
-    """A model's part of a cell name: the last path part, without .gguf and an -Instruct[-date] tail."""
-    if name is None:
-        return "default"
-    return re.sub(r"-Instruct(-\d+)?$", "", Path(str(name).rstrip("/")).name.removesuffix(".gguf"))
 
 
 def _name(method, params, axis_names):

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import report_data as data
-from ..sweep_config import short_model
-from .report_cells import format_published, load_cells, matches, metric_name
+from .report_cells import format_published, load_cells, matches, metric_name, short_model
 
 FORMATS = ("md", "csv", "tex")
 

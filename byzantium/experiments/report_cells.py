@@ -9,6 +9,7 @@ summary's "config"; a directory above run directories (e.g. a resilience sweep's
 per run found below it. Each cell carries its records (error rows counted, not kept).
 """
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,13 @@ from .runner import RESULTS, SUMMARY, is_error, read_results
 SWEEP = "sweep.json"
 CONSENSUS = ("maj", "rr", "rrmaj")
 BYZANTINE = ("sac", "cpwbft")
+
+
+def short_model(name):
+    """A model's part of a cell name: the last path part, without .gguf and an -Instruct[-date] tail."""
+    if name is None:
+        return "default"
+    return re.sub(r"-Instruct(-\d+)?$", "", Path(str(name).rstrip("/")).name.removesuffix(".gguf"))
 
 
 @dataclass
