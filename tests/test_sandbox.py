@@ -16,7 +16,7 @@ import time
 import pytest
 
 from byzantium.tasks import sandbox
-from byzantium.tasks.sandbox import SandboxUnavailable, check_humaneval, extract_code, humaneval_program, run_code
+from byzantium.tasks.sandbox import SandboxUnavailable, check_humaneval, extract_code, run_code, solution_program
 
 PROBLEM = {  # a tiny HumanEval-format problem of our own
     "prompt": 'import math\n\n\ndef helper(x):\n    return x\n\n\ndef double(x: int) -> int:\n    """ Return 2 * x.\n'
@@ -369,7 +369,7 @@ def test_output_tail_is_bounded():
 ])
 def test_humaneval_completion_styles_pass(completion):
     res = check_humaneval(PROBLEM, completion)
-    program = humaneval_program(PROBLEM["prompt"], completion, PROBLEM["test"], "double")
+    program = solution_program(PROBLEM["prompt"], completion, "double")
     assert res.status == "passed", (program, res.stderr)
 
 
@@ -414,10 +414,78 @@ def test_humaneval_early_exits_and_forged_values_fail(completion):
     assert check_humaneval(PROBLEM, completion, timeout_s=5).status == "failed"
 
 
+# Verdicts: wrong solutions that look for the tests or the verdict's channel. The tests run in another
+# sandbox (their own PID, mount and IPC namespaces): nothing of them is in the solution's file, memory,
+# process tree or output, and only plain data crosses back.
+_FIND_THE_TESTS = {
+    "reads its own file": "def double(x):\n    src = open(__file__).read()\n"
+                          "    import re\n    m = re.search(r'candidate\\(%d\\) == (-?\\d+)' % x, src)\n"
+                          "    return int(m.group(1)) if m else 0\n",
+    "reads every file it can": "import os\ndef double(x):\n    for d, _, fs in os.walk('/'):\n"
+                               "        for f in fs:\n            p = os.path.join(d, f)\n"
+                               "            try:\n                if b'def check(' in open(p, 'rb').read(1 << 20):\n"
+                               "                    raise SystemExit(p)\n            except OSError:\n"
+                               "                pass\n    return 0\n",
+    "walks the caller's frames": "import sys\ndef double(x):\n    f = sys._getframe(1)\n    while f:\n"
+                                 "        cs = list(f.f_code.co_consts)\n"
+                                 "        if x in cs and cs.index(x) + 1 < len(cs):\n"
+                                 "            return cs[cs.index(x) + 1]\n        f = f.f_back\n    return 0\n",
+    "finds the end marker": "import os, sys\ndef double(x):\n    f = sys._getframe(1)\n    while f:\n"
+                            "        for c in f.f_code.co_consts:\n"
+                            "            if isinstance(c, str) and c.startswith('byzantium-tests-done-'):\n"
+                            "                print(c.strip(), flush=True)\n                os._exit(0)\n"
+                            "        f = f.f_back\n    return 0\n",
+    "forges the end marker": "import sys\ndef double(x):\n    print('byzantium-tests-done-' + '0' * 32)\n"
+                             "    sys.stdout.flush()\n    return 0\n",
+    "writes to every descriptor": "import os\ndef double(x):\n    for fd in range(3, 64):\n"
+                                  "        try:\n            os.write(fd, b'[\"value\", [\"int\", \"0x6\"]]\\n')\n"
+                                  "        except OSError:\n            pass\n    return 0\n",
+    "looks for the tests' process": "import os\ndef double(x):\n    for p in os.listdir('/proc'):\n"
+                                    "        if p.isdigit() and int(p) != os.getpid():\n"
+                                    "            try:\n                os.kill(int(p), 9)\n            except OSError:\n"
+                                    "                pass\n    return 0\n",
+    "spoofs a built-in type": "class Any(int):\n    __module__ = 'builtins'\n"
+                              "    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+                              "def double(x):\n    return Any(0)\n",
+    "exits the tests' way": "import os\ndef double(x):\n    os._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FIND_THE_TESTS))
+def test_a_wrong_solution_cannot_reach_the_tests_or_the_verdict(name):
+    res = check_humaneval(PROBLEM, _FIND_THE_TESTS[name], timeout_s=10)
+    assert res.status == "failed", (name, res.stderr[-500:])
+
+
+@pytest.mark.parametrize("completion", [
+    "from collections import Counter\ndef double(x):\n    return Counter({2 * x: 1}).most_common(1)[0][0]\n",
+    "import fractions\ndef double(x):\n    return fractions.Fraction(4 * x, 2)\n",  # a library number: its value
+    "def double(x):\n    print('working'); return 2 * x\n",
+])
+def test_library_values_and_printing_solutions_pass(completion):
+    res = check_humaneval(PROBLEM, completion)
+    assert res.status == "passed", res.stderr
+    assert "working" in res.stdout or "print" not in completion  # stdout is the solution's
+
+
+def test_exceptions_cross_by_name():
+    problem = dict(PROBLEM, test="def check(candidate):\n    try:\n        candidate(-1)\n"
+                                 "    except ValueError as e:\n        assert 'negative' in str(e)\n"
+                                 "    else:\n        assert False\n")
+    good = "def double(x):\n    if x < 0:\n        raise ValueError('negative')\n    return 2 * x\n"
+    assert check_humaneval(problem, good).status == "passed"
+    assert check_humaneval(problem, "    raise KeyError('negative')\n").status == "failed"
+
+
+def test_humaneval_in_process_mode_too():
+    assert check_humaneval(PROBLEM, "    return 2 * x\n", isolation="process").status == "passed"
+    assert check_humaneval(PROBLEM, "    return x\n", isolation="process").status == "failed"
+
+
 def test_every_main_block_is_removed_and_the_right_solution_still_passes():
     completion = ("def double(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    print(1)\n\n"
                   "import unittest\nif __name__ == '__main__':\n    unittest.main()\n")
-    program = humaneval_program(PROBLEM["prompt"], completion, PROBLEM["test"], PROBLEM["entry_point"])
+    program = solution_program(PROBLEM["prompt"], completion, PROBLEM["entry_point"])
     assert "unittest.main" not in program and "print(1)" not in program
     assert check_humaneval(PROBLEM, completion).status == "passed"
 
@@ -497,3 +565,94 @@ def test_deep_directory_tree_is_cleaned_up(tmp_path, monkeypatch):
         res = run_code(code, timeout_s=20, isolation=isolation)
         assert res.stdout.strip() == "deep", res.stderr
         assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ one memory bound, keyring, mounts
+
+def _cgroup_or_skip():
+    from byzantium.tasks.cgroup import CgroupUnavailable, MemoryCgroup
+    try:
+        MemoryCgroup.create(2**26).remove()
+    except CgroupUnavailable as e:
+        pytest.skip(f"no memory cgroup here: {e}")
+
+
+_MEMORY_PROBES = {  # each holds far more than memory_mb=128 in all, under the per-process limit each
+    "memfds": "import os\nfds = []\nfor i in range(12):\n    fd = os.memfd_create('m')\n"
+              "    os.write(fd, b'x' * (100 * 2 ** 20))\n    fds.append(fd)\nprint('held')\n",
+    "children": "import os, time\nkids = []\nfor i in range(12):\n    pid = os.fork()\n    if pid == 0:\n"
+                "        b = bytearray(100 * 2 ** 20)\n        time.sleep(5)\n        os._exit(0)\n"
+                "    kids.append(pid)\nok = all(os.waitpid(p, 0)[1] == 0 for p in kids)\nprint('held' if ok else 'lost')\n",
+    "tmpfs files": "for i in range(3):\n    open('/sandbox/f%d' % i, 'wb').write(b'x' * (60 * 2 ** 20))\n"
+                   "for i in range(1):\n    open('/tmp/f%d' % i, 'wb').write(b'x' * (60 * 2 ** 20))\nprint('held')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MEMORY_PROBES))
+def test_one_memory_bound_for_the_whole_sandbox(name):
+    _cgroup_or_skip()
+    res = run_code(_MEMORY_PROBES[name], memory_mb=128, timeout_s=20)
+    assert res.status == "crashed" and res.oom_kills >= 1 and "held" not in res.stdout, (res, res.stderr[-300:])
+    assert res.missing == ()
+
+
+def test_memory_cgroups_are_removed(monkeypatch):
+    _cgroup_or_skip()
+    from byzantium.tasks import cgroup
+    made = []
+    real = cgroup.MemoryCgroup.create.__func__
+    monkeypatch.setattr(cgroup.MemoryCgroup, "create", classmethod(lambda cls, n: made.append(real(cls, n)) or made[-1]))
+    assert run_code("x = bytearray(10 ** 7)\nprint('ok')", memory_mb=128).stdout == "ok\n"
+    assert len(made) == 1 and not os.path.exists(made[0].path)
+
+
+def test_a_missing_protection_is_named_and_refused_unless_accepted(monkeypatch):
+    from byzantium.tasks.cgroup import CgroupUnavailable
+
+    def unavailable(cls, limit):
+        raise CgroupUnavailable("the memory controller is not delegated to /test")
+    monkeypatch.setattr(sandbox.MemoryCgroup, "create", classmethod(unavailable))
+    with pytest.raises(SandboxUnavailable, match="memory_cgroup"):
+        run_code("print('ran')")
+    with pytest.raises(SandboxUnavailable, match="memory_cgroup"):
+        check_humaneval(PROBLEM, "    return 2 * x\n")
+    res = run_code("print('ran')", allow_missing=("memory_cgroup",))
+    assert res.stdout == "ran\n" and res.missing == ("memory_cgroup",)
+    assert check_humaneval(PROBLEM, "    return 2 * x\n", allow_missing=["memory_cgroup"]).missing == ("memory_cgroup",)
+    with pytest.raises(ValueError, match="unknown protections"):
+        run_code("pass", allow_missing=("network",))
+
+
+def test_resilience_refuses_code_tasks_before_any_model_loads(monkeypatch):
+    from byzantium.experiments.resilience import parser, prepare_resilience
+    from byzantium.tasks.cgroup import CgroupUnavailable
+
+    def unavailable(cls, limit):
+        raise CgroupUnavailable("not delegated")
+    monkeypatch.setattr(sandbox.MemoryCgroup, "create", classmethod(unavailable))
+    monkeypatch.setattr("byzantium.experiments.resilience.check_models",
+                        lambda *a: pytest.fail("the models were checked before the sandbox"))
+    with pytest.raises(ValueError, match="--sandbox-allow-missing"):
+        prepare_resilience(parser().parse_args(["--task", "gen-code", "--limit", "2"]))
+    monkeypatch.setattr("byzantium.experiments.resilience.check_models", lambda *a: None)
+    args = parser().parse_args(["--task", "gen-code", "--limit", "2", "--sandbox-allow-missing", "memory_cgroup"])
+    assert len(prepare_resilience(args)[1]) == 2
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of x86_64")
+def test_a_fresh_session_keyring_beneath_the_filter(monkeypatch):
+    monkeypatch.setattr(sandbox, "SECCOMP_FILTER", False)  # the layer beneath: keyctl reaches the kernel
+    get_id = "import ctypes\nprint(ctypes.CDLL(None, use_errno=True).syscall(250, 0, -3, 1))\n"  # GET_KEYRING_ID
+    ours = subprocess.run([sys.executable, "-c", get_id], capture_output=True, text=True).stdout.strip()
+    theirs = [run_code(get_id).stdout.strip() for _ in range(2)]
+    if int(ours) < 0:
+        pytest.skip("no session keyring here")
+    assert all(int(t) > 0 for t in theirs) and len({ours, *theirs}) == 3
+
+
+def test_mounts_show_no_host_path_but_their_own():
+    res = run_code("print(open('/proc/self/mountinfo').read())")
+    assert res.status == "passed" and "byz-sandbox" not in res.stdout
+    for line in res.stdout.strip().splitlines():
+        root, point = line.split()[3:5]
+        assert root == "/" or point.endswith(root), line  # a bind shows the path it is mounted at

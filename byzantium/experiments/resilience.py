@@ -35,6 +35,7 @@ from ..protocols.resilience.autoinject import ERROR_TYPES
 from ..protocols.resilience.structures import PARAMS as AGENT_PARAMS
 from ..tasks.resilience import (BUILTIN_TASKS, DATA_FILES, RESILIENCE_TASKS, aggregate, load_resilience_task,
                                score_output)
+from ..tasks.sandbox import PROTECTIONS, SandboxUnavailable, check_sandbox
 from .rr import engine_stats
 from .runner import SUMMARY, check_resume, is_error, read_results, run_async, split_errors, to_json, write_summary
 
@@ -116,7 +117,7 @@ def summarize(records, llms) -> dict:
 
 
 async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, out, gate, seed, params,
-               progress, desc):
+               progress, desc, sandbox_allow_missing=()):
     """One run into OUT (resuming); returns its summary. `gate` bounds the problems in flight over every
     run that shares it. The summary is written even when the run is interrupted (complete: false)."""
     check_resume(out, config)
@@ -125,7 +126,7 @@ async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, ou
         async with gate:
             transcript = await run_system(system, task, llm, fault_obj, defense_obj, params, seed)
         # Code runs in a sandbox subprocess and blocks: off the event loop, so the engine keeps stepping.
-        score = await asyncio.to_thread(score_output, task, transcript["output"])
+        score = await asyncio.to_thread(score_output, task, transcript["output"], allow_missing=sandbox_allow_missing)
         return {"task": task_name, "question": task.question, "gold": task.gold, "score": score, **transcript}
 
     start, complete = time.perf_counter(), False
@@ -147,7 +148,7 @@ async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, ou
 async def run_resilience_async(system, task_name, tasks, llm, fault="none", defense="none", pm=1.0, pe=0.2,
                                error_type="semantic", faulty_role=None, rounds=None, seed=0, max_tokens=None,
                                fault_max_tokens=None, inspector_max_tokens=None, out=None, concurrency=64,
-                               config=None, progress=True) -> dict:
+                               config=None, progress=True, sandbox_allow_missing=()) -> dict:
     """run_resilience_experiment inside a running event loop (to gather several runs on one engine)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -158,23 +159,25 @@ async def run_resilience_async(system, task_name, tasks, llm, fault="none", defe
                         fault_max_tokens, inspector_max_tokens, config)
     return await _run(sys_obj, task_name, tasks, llm, fault_obj, build_defense(defense, inspector_max_tokens),
                       recorded, out, asyncio.Semaphore(concurrency), seed, _agent_params(max_tokens), progress,
-                      f"{system} {label(fault, defense)}")
+                      f"{system} {label(fault, defense)}", sandbox_allow_missing)
 
 
 def run_resilience_experiment(system, task_name, tasks, llm, fault="none", defense="none", pm=1.0, pe=0.2,
                               error_type="semantic", faulty_role=None, rounds=None, seed=0, max_tokens=None,
                               fault_max_tokens=None, inspector_max_tokens=None, out=None, concurrency=64,
-                              config=None, progress=True, table=True) -> dict:
+                              config=None, progress=True, table=True, sandbox_allow_missing=()) -> dict:
     """Run `system` (a name of SYSTEMS) on every task, resuming from OUT; returns the summary written to
     OUT/summary.json. fault: none | autotransform | autoinject (pm, pe, error_type); defense: none |
     challenger | inspector | both; faulty_role None: the system's default; rounds None: its default.
     max_tokens: the agents' reply limit; fault_max_tokens / inspector_max_tokens: those of the LLM that
     writes the faults and of the Inspector (None: their defaults). seed: the agents' and AutoInject's
     sampling seeds. config: extra settings to record (model, backend, data); a rerun into an OUT written
-    with a different configuration is refused. out None: runs/resilience/<task>/<system>/<condition>."""
+    with a different configuration is refused. out None: runs/resilience/<task>/<system>/<condition>.
+    sandbox_allow_missing: the sandbox protections (sandbox.PROTECTIONS) generated code may run without."""
     summary = asyncio.run(run_resilience_async(system, task_name, tasks, llm, fault, defense, pm, pe, error_type,
                                                faulty_role, rounds, seed, max_tokens, fault_max_tokens,
-                                               inspector_max_tokens, out, concurrency, config, progress))
+                                               inspector_max_tokens, out, concurrency, config, progress,
+                                               sandbox_allow_missing))
     if table:
         print_summary(summary)
     return summary
@@ -206,7 +209,7 @@ async def run_resilience_sweep_async(systems, task_name, tasks, llm, fault="auto
                                      conditions=None, pm=1.0, pe=0.2, error_type="semantic", faulty_role=None,
                                      rounds=None, seed=0, max_tokens=None, fault_max_tokens=None,
                                      inspector_max_tokens=None, out="runs/resilience", concurrency=64, config=None,
-                                     progress=True) -> dict:
+                                     progress=True, sandbox_allow_missing=()) -> dict:
     """Every system under every condition, all in one gather; returns the report (also in OUT/summary.json
     and OUT/summary.md). conditions: (fault, defense) pairs; default clean, (fault, none), (fault, defense)
     (the last left out when defense is none). concurrency bounds the problems in flight over all runs."""
@@ -235,7 +238,7 @@ async def run_resilience_sweep_async(systems, task_name, tasks, llm, fault="auto
                          f"{name} {label(f, d)}"))
     start = time.perf_counter()
     summaries = await asyncio.gather(*(_run(s, task_name, tasks, llm, fo, do, rec, path, gate, seed,
-                                            _agent_params(max_tokens), progress, desc)
+                                            _agent_params(max_tokens), progress, desc, sandbox_allow_missing)
                                        for s, fo, do, rec, path, desc in runs))
     report = resilience_report(summaries)
     report["runs"] = [str(p.relative_to(out)) for p in dirs]
@@ -475,6 +478,9 @@ def add_resilience_args(ap):
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--sandbox-allow-missing", action="append", choices=PROTECTIONS, default=None, metavar="NAME",
+                    help="run generated code without this sandbox protection where the machine cannot set it up "
+                         f"({', '.join(PROTECTIONS)}; repeatable); by default such a run is refused")
 
 
 def _choose(flag, value, choices):
@@ -520,6 +526,12 @@ def prepare_resilience(args):
     if not tasks:
         raise ValueError("no problems to run")
 
+    if any(t.kind == "code" for t in tasks):  # generated code will run: the sandbox must be there
+        try:
+            check_sandbox(tuple(getattr(args, "sandbox_allow_missing", None) or ()))
+        except SandboxUnavailable as error:
+            raise ValueError(f"--task {args.task} runs generated code, and {error}. Name a protection to go "
+                             f"without with --sandbox-allow-missing {{{','.join(PROTECTIONS)}}}") from None
     check_models(args, [args.model])  # local resolution, or the server's model list (--backend openai)
 
     if args.sweep:
@@ -557,7 +569,8 @@ def cmd_resilience(args):
     config = _config(args)
     kwargs = dict(pm=args.pm, pe=args.pe, error_type=args.error_type, faulty_role=args.faulty_role,
                   rounds=args.rounds, seed=args.seed, max_tokens=args.max_tokens,
-                  fault_max_tokens=args.fault_max_tokens, inspector_max_tokens=args.inspector_max_tokens)
+                  fault_max_tokens=args.fault_max_tokens, inspector_max_tokens=args.inspector_max_tokens,
+                  sandbox_allow_missing=tuple(getattr(args, "sandbox_allow_missing", None) or ()))
     for (name, f, d), path in run_dirs.items():  # a rerun with other settings is refused before any model loads
         check_resume(path, settings(make_system(name, args.faulty_role, args.rounds), args.task, len(tasks), f, d,
                                     args.pm, args.pe, args.error_type, args.seed, args.max_tokens,

@@ -1,7 +1,11 @@
 """Launcher that runs one program in fresh Linux namespaces; sandbox.run_code starts it as
-`python -I -S -B jail.py REPORT_FD MEM CPU FSIZE PROCS UID GID TIMEOUT ROOT WORK PREFIX...`
+`python -I -S -B jail.py REPORT_FD MEM CPU FSIZE PROCS UID GID TIMEOUT SECCOMP CGROUP ROOT WORK PREFIX...`
 (stdlib only, never imported by the package; no json or signal: their imports would double the
 launcher's start-up time, and run_code pays it on every call).
+
+SECCOMP: "require" (no filter: nothing runs), "try" (the caller accepts running without one) or
+"off"; CGROUP: the cgroup.procs file of the sandbox's memory cgroup, which L joins first so that
+every process below counts against its one limit, or "-".
 
 Process tree: run_code -> L (this script, host namespaces) -> C (new user, mount, network, IPC,
 UTS and cgroup namespaces; it supervises the timeout) -> I (PID 1 of a new PID namespace; it
@@ -20,7 +24,8 @@ builds the root) -> P (the program).
   at the timeout) the kernel kills everything left in the namespace, setsid() or not.
 
 Report (one line each on the report fd, read by run_code): "error <why>" when the namespaces
-could not be set up (nothing ran), "status <wait status>" from I, "timeout" from C.
+could not be set up (nothing ran), "status <wait status>" from I, "timeout" from C, "missing
+seccomp" from P when the filter could not be set and SECCOMP was "try".
 """
 
 import ctypes
@@ -96,6 +101,8 @@ def guarded(stage, fn, *args):
 # ------------------------------------------------------------------------------------------- L
 
 def launcher():
+    if cgroup != "-":
+        guarded("memory cgroup", join_cgroup)
     if os.uname().machine not in SYS_PIVOT_ROOT:
         raise OSError(f"no pivot_root syscall number known for {os.uname().machine}")
     l_read, c_write = os.pipe()
@@ -110,6 +117,11 @@ def launcher():
         guarded("id map", write_maps, pid)
         os.write(l_write, b"1")
     os.waitpid(pid, 0)
+
+
+def join_cgroup():
+    with open(cgroup, "w") as f:
+        f.write(str(os.getpid()))
 
 
 def write_maps(pid):
@@ -234,10 +246,10 @@ def init():
 #   kexec_load, init_module, finit_module
 # Another architecture's calls (x32 on x86_64 included) kill the process: their numbers differ.
 SECCOMP = {
-    "x86_64": dict(arch=0xC000003E, socket=41, socketpair=53, fcntl=72, deny=(
+    "x86_64": dict(arch=0xC000003E, socket=41, socketpair=53, fcntl=72, keyctl=250, deny=(
         250, 248, 249, 425, 426, 427, 323, 321, 298, 101, 310, 311, 165, 166, 155, 428, 429, 430,
         431, 432, 433, 442, 272, 308, 253, 294, 254, 300, 73, 246, 175, 313)),
-    "aarch64": dict(arch=0xC00000B7, socket=198, socketpair=199, fcntl=25, deny=(
+    "aarch64": dict(arch=0xC00000B7, socket=198, socketpair=199, fcntl=25, keyctl=219, deny=(
         219, 217, 218, 425, 426, 427, 282, 280, 241, 117, 270, 271, 40, 39, 41, 428, 429, 430,
         431, 432, 433, 442, 97, 268, 26, 27, 262, 32, 104, 105, 273)),
 }
@@ -309,13 +321,23 @@ def program():
     for cap in range(64):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails past the last cap: fine
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    seccomp()
+    # A fresh, empty session keyring: the caller's keys are not in reach even where keyctl is allowed.
+    libc.syscall(ctypes.c_long(SECCOMP.get(os.uname().machine, {}).get("keyctl", -1)), 1, None)  # JOIN_SESSION_KEYRING
+    if seccomp_mode != "off":
+        try:
+            seccomp()
+        except OSError as e:
+            if seccomp_mode == "require":
+                say(f"error seccomp: {e} (allow_missing=('seccomp',) runs the program without the filter)")
+                os._exit(1)
+            say("missing seccomp")
     os.execv(sys.executable, [sys.executable, "-I", "-B", "main.py"])
 
 
 if __name__ == "__main__":  # the arguments: globals of every stage above
     report, mem, cpu, fsize, procs, uid, gid = map(int, sys.argv[1:8])
-    timeout, (root, work), prefixes = float(sys.argv[8]), sys.argv[9:11], sys.argv[11:]
+    timeout, seccomp_mode, cgroup = float(sys.argv[8]), sys.argv[9], sys.argv[10]
+    (root, work), prefixes = sys.argv[11:13], sys.argv[13:]
     caller_uid = os.geteuid()
     os.set_inheritable(report, False)  # the program must not hold it
     guarded("launcher", launcher)

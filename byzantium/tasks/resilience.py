@@ -232,12 +232,13 @@ def gen_code(n, seed=0):
 
 # ---------------------------------------------------------------------------------------- scoring
 
-def score_output(task, output_text, timeout_s=10.0, memory_mb=1024):
+def score_output(task, output_text, timeout_s=10.0, memory_mb=1024, allow_missing=()):
     """Score one system output for one task: {"kind", "score" in [0, 1], "correct" (None for
     translations), "detail"}. JSON-serialisable, so it can go straight into results.jsonl."""
     kind = task.kind
     if kind == "code" and "test" in task.metadata:
-        res = check_humaneval(task, output_text or "", timeout_s=timeout_s, memory_mb=memory_mb)
+        res = check_humaneval(task, output_text or "", timeout_s=timeout_s, memory_mb=memory_mb,
+                              allow_missing=allow_missing)
         return {"kind": kind, "score": float(res.passed), "correct": res.passed,
                 "detail": {"status": res.status, "seconds": round(res.seconds, 3), "stderr": res.stderr[-1000:]}}
     if kind == "translation":
