@@ -88,6 +88,26 @@ def test_triton_moe_under_interpreter():
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_align_counts_with_no_host_sync(monkeypatch):
+    """align's plan is pure torch: on the CPU the same as a sort by expert, and it never calls
+    torch.bincount (which syncs with the host on CUDA and breaks CUDA-graph capture)."""
+    from byzantium.kernels.triton_moe import align
+
+    def bincount(*a, **k):
+        raise AssertionError("torch.bincount syncs with the host on CUDA")
+    monkeypatch.setattr(torch, "bincount", bincount)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 8, (37, 2), generator=g)
+    pairs, tile_expert = align(ids, 8, 16)
+    flat = ids.reshape(-1)
+    for tile, expert in enumerate(tile_expert.tolist()):
+        rows = [p for p in pairs.view(-1, 16)[tile].tolist() if p != flat.numel()]
+        assert expert == -1 and not rows or all(flat[p] == expert for p in rows)
+    real = sorted(p for p in pairs.tolist() if p != flat.numel())
+    assert real == list(range(flat.numel()))  # every pair once
+
+
 @pytest.mark.skipif(not HAS_TRITON or TRITON_DEVICE is None,
                     reason="no CUDA: run by test_triton_moe_under_interpreter in a fresh process")
 class TestTritonMoe:

@@ -493,6 +493,7 @@ def test_every_main_block_is_removed_and_the_right_solution_still_passes():
 # Isolation past the namespaces: the seccomp filter. Each probe prints the errno it got.
 _ERRNO_PROBES = {
     "vsock": "import socket\nsocket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)",
+    "vsock_dgram": "import socket\nsocket.socket(socket.AF_VSOCK, socket.SOCK_DGRAM)",
     "netlink": "import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM)",
     "inet": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)",
     "packet": "import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW)",

@@ -21,7 +21,9 @@ def align(topk_ids, num_experts, block_m):
     by expert, each group padded to whole tiles with the sentinel T*k; the expert of each tile, -1 past the end."""
     pairs = topk_ids.reshape(-1).long()
     n = pairs.numel()
-    counts = torch.bincount(pairs, minlength=num_experts)
+    # scatter_add_, not bincount: bincount reads min/max back to the host on CUDA (two syncs a layer
+    # and no CUDA-graph capture); the count is a shape-only kernel this way.
+    counts = torch.zeros(num_experts, dtype=torch.long, device=pairs.device).scatter_add_(0, pairs, torch.ones_like(pairs))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(pairs, stable=True)
