@@ -105,9 +105,10 @@ def _w2_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
-def fused_moe_triton(x, w13, w2, topk_weights, topk_ids, block_m=None, block_n=64, block_k=32):
+def fused_moe_triton(x, w13, w2, topk_weights, topk_ids, block_m=None, block_n=None, block_k=32):
     """Same contract as moe.moe_reference. block_m: rows per tile (default: 16 when experts get few
-    tokens, as in decode; 64 for prefill-sized batches)."""
+    tokens, as in decode; 64 for prefill-sized batches); block_n: output columns per tile (default
+    64; 32 for fp32, whose 64-column gate/up tiles spill registers on sm_80)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, two_inter, hidden = w13.shape
     inter = two_inter // 2
@@ -116,6 +117,7 @@ def fused_moe_triton(x, w13, w2, topk_weights, topk_ids, block_m=None, block_n=6
         return torch.zeros_like(x)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     block_m = block_m or (16 if n < 32 * num_experts else 64)
+    block_n = block_n or (32 if x.dtype == torch.float32 else 64)
     sorted_pairs, tile_expert = align(topk_ids, num_experts, block_m)
     num_tiles = tile_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else None  # fp32 stays fp32 (no TF32) on the GPU

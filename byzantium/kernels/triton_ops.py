@@ -204,7 +204,9 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
         return out
     q = _last_dim_contiguous(q)
     _check_cache(k_cache, v_cache)
-    block_n = 64
+    # Keys per tile: fp32 tiles of 64 keys spill registers past head dim 64 on sm_80/sm_90
+    # (bench/results/triton_aot.md); 16 is tl.dot's minimum.
+    block_n = 64 if q.dtype != torch.float32 or head_dim <= 64 else 16
     if num_splits is None:
         context = block_tables.shape[1] * block_size
         num_splits = _decode_num_splits(batch, num_kv_heads, min(context, window or context), q.device)
@@ -359,6 +361,8 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
         # rows), long prompts want large ones (tensor-core efficiency, fewer K/V re-reads).
         rows = group * max(1, num_tokens // max(num_seqs, 1))
         block_m = 16 if rows <= 16 else 64 if rows <= 64 else 128
+        if head_dim > 128:  # 128 rows x 256 dims spill registers and need ~197 KB of shared memory (sm_90)
+            block_m = min(block_m, 64)
         if q.dtype == torch.float32:  # fp32 dots run without tensor cores and need far more shared
             block_m = 16              # memory: 64 rows would not fit on consumer GPUs (~100 KB)
     block_m = max(block_m, triton.next_power_of_2(group))
@@ -370,14 +374,28 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=64,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_N=_prefill_block_n(q.dtype, head_dim),
         DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=8 if block_m >= 128 else 4,
+        num_warps=_prefill_warps(block_m, head_dim),
     )
     return out
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+def _prefill_warps(block_m, head_dim):
+    return 8 if block_m >= 128 or (block_m >= 64 and head_dim > 128) else 4  # fewer registers a thread
+
+
+def _prefill_block_n(dtype, head_dim):
+    """Keys per tile, chosen so that no (dtype, head dim) spills registers on sm_80 or sm_90
+    (bench/results/triton_aot.md): 64, fewer past head dim 128, and fp32 (16-row tiles, no tensor
+    cores) fewer as the head dim grows, at least tl.dot's 16."""
+    if dtype != torch.float32:
+        return 64 if head_dim <= 128 else 32
+    return max(16, min(64, 4096 // triton.next_power_of_2(head_dim)))
+
 
 def _window_arg(window):
     # None (global) as a window longer than any sequence: one compiled kernel serves both kinds of layer.
