@@ -8,6 +8,7 @@ On CUDA a step's integers are written with numpy into one preallocated pinned ho
 GPU in one non-blocking copy (StepBuffers: no tensor built from a list, no pageable copy), and steps of
 single-token rows replay CUDA graphs (cuda_graphs.py). On the CPU the tensors are built from lists.
 """
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,12 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None  # [P]
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks]
     logit_index: torch.Tensor | None = None  # the logit rows on the device (StepBuffers); the runner's, not the model's
+
+
+def device_guard(device):
+    """The device current for the block: torch ops follow their tensors, but a Triton launch runs in
+    the current device's context, so an engine on cuda:1 must make cuda:1 current around its step."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
@@ -224,12 +231,13 @@ class ModelRunner:
         bucket = self.graphs.bucket(rows) if self.graphs is not None else None
         input_ids, positions, meta, logit_rows, seqs = self.prepare(rows, pad_to=bucket)
         forward = lambda: self.model(input_ids, positions, meta, self.kv_cache)  # noqa: E731
-        if bucket is None:
-            hidden = forward()
-        else:
-            inputs = (input_ids, positions, meta.slot_mapping, meta.decode_seq_lens, meta.decode_block_tables)
-            hidden = self.graphs.run(bucket, forward, tuple(t.data_ptr() for t in inputs))
-        if not logit_rows:
-            return seqs, None
-        index = meta.logit_index if meta.logit_index is not None else self._tensor(logit_rows)
-        return seqs, self.model.compute_logits(hidden.index_select(0, index))
+        with device_guard(self.device):  # Triton launches on the current device, not the tensors'
+            if bucket is None:
+                hidden = forward()
+            else:
+                inputs = (input_ids, positions, meta.slot_mapping, meta.decode_seq_lens, meta.decode_block_tables)
+                hidden = self.graphs.run(bucket, forward, tuple(t.data_ptr() for t in inputs))
+            if not logit_rows:
+                return seqs, None
+            index = meta.logit_index if meta.logit_index is not None else self._tensor(logit_rows)
+            return seqs, self.model.compute_logits(hidden.index_select(0, index))
