@@ -292,7 +292,7 @@ class Engine:
     @property
     def memory(self):
         """Bytes held: the weights, the KV pool (and how much of it is in use now), and on CUDA the peak
-        of everything else (activations, workspaces) since the engine started."""
+        of everything else (activations, workspaces) one of this engine's steps allocated."""
         seen, weights = set(), 0
         # Packed CPU linears hold their weights per phase ({phase: tensor}; one tensor when both phases share it).
         packed = [w for m in self.model.modules() if isinstance(getattr(m, "packed", None), dict)
@@ -303,9 +303,7 @@ class Engine:
                 seen.add(key)
                 weights += t.numel() * t.element_size()
         kv = self.kv_cache.numel() * self.kv_cache.element_size()
-        peak = None
-        if self.device.type == "cuda":
-            peak = max(0, torch.cuda.max_memory_allocated(self.device) - weights - kv)
+        peak = self.runner.activations_peak if self.device.type == "cuda" else None
         return {"weights_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": self.num_blocks,
                 "kv_blocks_used": self.block_manager.num_used, "activations_peak_bytes": peak}
 
