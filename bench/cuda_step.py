@@ -12,7 +12,7 @@ and two models planned onto one GPU.
 
 Prints markdown and appends it to bench/results/gpu.md (date and GPU name in the heading).
 
-    PYTHONPATH=. python bench/cuda_step.py            # CUDA (bench/gpu_check.sh runs it)
+    PYTHONPATH=. python bench/cuda_step.py            # CUDA (bench/gpu_check.sh part 5 runs it)
     PYTHONPATH=. python bench/cuda_step.py --smoke    # CPU, tiny model: checks this script runs
 """
 import argparse

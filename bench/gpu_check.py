@@ -1,6 +1,6 @@
 """GPU check: kernel tests on CUDA, attention microbenchmarks, engine decode throughput.
 
-Run by bench/gpu_check.sh (from the repository root, PYTHONPATH=.). No network, nothing installed:
+Run by bench/gpu_check.sh as its part 2 (from the repository root, PYTHONPATH=.). No network, nothing installed:
 the model is a random-initialised Qwen3-0.6B-shaped model written to a temporary directory (no
 tokenizer: prompts are token ids). Writes a markdown report to $OUT/gpu_check.md (or
 bench/results/gpu_check.md when $OUT is unset), rewritten after every section so a timeout keeps what

@@ -1,6 +1,6 @@
 """The batched device sampler (engine/device_sampling.py): greedy, seeds independent of the batch, the
 support of top-k / top-p, the sampled distribution, logprobs, penalties, bad logits. On CPU tensors, and
-on CUDA too where torch sees a GPU (bench/gpu_check.sh runs this file there)."""
+on CUDA too where torch sees a GPU (bench/gpu_check.sh part 4 runs this file there)."""
 from dataclasses import dataclass, field
 
 import pytest

@@ -14,7 +14,7 @@ with block 0 (an unused, all-NaN block), lengths that are not multiples of the b
 attention a batch mixing fresh prompts, cached-prefix extends and q_len 1 decode rows.
 
 On a GPU machine `python -m pytest tests/test_kernels.py -k "fp16 or bf16"` runs just the half-precision
-CUDA cases (bench/gpu_check.sh runs everything but fp32).
+CUDA cases (bench/gpu_check.sh part 1 runs everything but fp32).
 """
 import importlib.util
 import os

@@ -385,7 +385,7 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
 # ------------------------------------------------------------------------------------------ helpers
 
 def _prefill_warps(block_m, head_dim):
-    return 8 if block_m >= 128 or (block_m >= 64 and head_dim > 128) else 4  # fewer registers a thread
+    return 8 if block_m >= 128 or (block_m >= 64 and head_dim >= 128) else 4  # fewer registers a thread
 
 
 def _prefill_block_n(dtype, head_dim):

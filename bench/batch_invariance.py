@@ -1,0 +1,98 @@
+"""Batch invariance and per-engine memory: a request alone vs the same request inside a batch of 64.
+
+    PYTHONPATH=. python bench/batch_invariance.py [--smoke] [--out DIR]
+
+Greedy tokens of one prompt generated alone and again as one of 64 prompts in the same step must be
+identical; if they are not, it says after how many tokens they part and by how much the next-token
+logits of the prompt differ (alone vs in the batch). On CUDA it also builds two engines on the one
+device (an LLMPool's case) and checks that the first one's `activations_peak_bytes` does not count the
+second's weights or KV pool. Writes DIR/batch_invariance.json and prints one verdict line. The model is
+a random Qwen3-0.6B-shaped one on CUDA (bf16), a tiny one with --smoke (CPU, fp32): no network.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import QWEN3_06B, TINY, make_model  # noqa: E402  (bench/ is not a package)
+
+BATCH, PROMPT_LEN, NEW = 64, 48, 32
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def invariance(engine, vocab, device):
+    from byzantium import SamplingParams
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(BATCH)]
+    probe, where = prompts[0], BATCH // 2
+    prompts[where] = probe
+    greedy = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+    alone = engine.generate([probe], greedy)[0].token_ids
+    in_batch = engine.generate(prompts, greedy)[where].token_ids
+    differ = first_difference(list(alone), list(in_batch))
+    logits_alone = engine.logits([probe])[0]
+    logits_batch = engine.logits(prompts)[where]
+    return {"identical_tokens": differ is None, "first_differing_token": differ,
+            "logits_max_abs_diff": float((logits_alone - logits_batch).abs().max()),
+            "batch": BATCH, "prompt_len": PROMPT_LEN, "new_tokens": NEW}
+
+
+def pool_memory(directory, kwargs):
+    """Two engines on one device: the first one's activation peak must not grow by the second's memory."""
+    from byzantium import Engine
+    first = Engine(directory, **kwargs)
+    alone = first.memory["activations_peak_bytes"]
+    second = Engine(directory, **kwargs)
+    first.logits([[1, 2, 3]])
+    after = first.memory["activations_peak_bytes"]
+    held = second.memory["weights_bytes"] + second.memory["kv_cache_bytes"]
+    return {"activations_peak_alone": alone, "activations_peak_beside_second": after,
+            "second_engine_bytes": held, "counts_other_engine": after is not None and after >= held}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: checks the script")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    args = ap.parse_args()
+    from byzantium import Engine
+    if args.smoke:
+        device, dtype, shape = torch.device("cpu"), torch.float32, TINY
+    elif torch.cuda.is_available():
+        device, dtype, shape = torch.device("cuda"), torch.bfloat16, QWEN3_06B
+    else:
+        sys.exit("batch_invariance: torch sees no CUDA device (use --smoke for a CPU check of this script)")
+    start, result = time.perf_counter(), {"device": str(device), "dtype": str(dtype)}
+    with tempfile.TemporaryDirectory() as directory:
+        make_model(shape, directory, device, dtype)
+        kwargs = dict(device=str(device), dtype=dtype, num_blocks=BATCH * 6 + 16, max_num_seqs=BATCH,
+                      max_model_len=PROMPT_LEN + NEW + 16)
+        engine = Engine(directory, **kwargs)
+        result.update(invariance(engine, shape["vocab_size"], device))
+        del engine
+        if device.type == "cuda":
+            result["pool"] = pool_memory(directory, kwargs)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    os.makedirs(args.out, exist_ok=True)
+    name = "batch_invariance_smoke.json" if args.smoke else "batch_invariance.json"
+    with open(os.path.join(args.out, name), "w") as f:
+        json.dump(result, f, indent=1)
+    ok = result["identical_tokens"] and not result.get("pool", {}).get("counts_other_engine", False)
+    print(f"batch invariance: {'PASS' if ok else 'FAIL'}: tokens alone vs in a batch of {BATCH} "
+          f"{'identical' if result['identical_tokens'] else 'part at token %s' % result['first_differing_token']}, "
+          f"logits max |diff| {result['logits_max_abs_diff']:.3g}"
+          + (f"; pool: activation peak {result['pool']['activations_peak_beside_second']} bytes beside a second engine "
+             f"of {result['pool']['second_engine_bytes']}" if "pool" in result else ""))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
