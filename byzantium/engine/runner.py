@@ -29,12 +29,19 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None  # [P]
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks]
     logit_index: torch.Tensor | None = None  # the logit rows on the device (StepBuffers); the runner's, not the model's
+    prefill_max_lens: tuple | None = None  # (longest new-token run, longest sequence) of the prefill rows, host ints
 
 
 def device_guard(device):
     """The device current for the block: torch ops follow their tensors, but a Triton launch runs in
     the current device's context, so an engine on cuda:1 must make cuda:1 current around its step."""
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
+def _max_lens(prefill):
+    """What flash-attn sizes its grid with, known here on the host (reading it from the device would
+    sync once a layer)."""
+    return (max(r.num_tokens for r in prefill), max(r.end for r in prefill)) if prefill else None
 
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
@@ -192,6 +199,7 @@ class ModelRunner:
             cu_seqlens_q=self._tensor(cu, torch.int32) if prefill else None,
             prefill_seq_lens=self._tensor([r.end for r in prefill], torch.int32) if prefill else None,
             prefill_block_tables=self._block_tables([r.seq for r in prefill]) if prefill else None,
+            prefill_max_lens=_max_lens(prefill),
         )
         return self._tensor(input_ids), self._tensor(positions), meta, logit_rows, seqs
 
@@ -221,7 +229,8 @@ class ModelRunner:
             slot_mapping=t["slot_mapping"], num_decode=len(decode_lens),
             decode_seq_lens=t.get("decode_seq_lens"), decode_block_tables=t.get("decode_block_tables"),
             cu_seqlens_q=t.get("cu_seqlens_q"), prefill_seq_lens=t.get("prefill_seq_lens"),
-            prefill_block_tables=t.get("prefill_block_tables"), logit_index=t.get("logit_index"))
+            prefill_block_tables=t.get("prefill_block_tables"), logit_index=t.get("logit_index"),
+            prefill_max_lens=_max_lens(prefill))
         return t["input_ids"], t["positions"], meta
 
     @torch.inference_mode()

@@ -73,7 +73,8 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
     return _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale)
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
+                             max_lens=None):
     ext = _kernel(q, k_cache)
     if ext is None or not _within(window, seq_lens):
         return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,

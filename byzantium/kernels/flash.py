@@ -14,9 +14,9 @@ multiple of 256 tokens. So an engine that wants this backend must be built with 
 - round-robin sessions extend within their last block until it fills, which is fine.
 Other block sizes raise a ValueError here rather than failing inside flash-attn.
 
-Needs fp16/bf16 tensors on a CUDA device (flash-attn's own limits). `append_prefill_attention` reads
-the longest query and sequence lengths on the host (flash-attn sizes its grid with them), so it
-syncs once per call; decode does not.
+Needs fp16/bf16 tensors on a CUDA device (flash-attn's own limits). `append_prefill_attention` needs
+the longest query and sequence lengths on the host (flash-attn sizes its grid with them): the runner
+passes them (`max_lens`); without them it reads them back, one sync a call.
 """
 import importlib.util
 
@@ -39,7 +39,8 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     store(k, v, k_cache, v_cache, slot_mapping)
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
+                             max_lens=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     Contract as in `reference.append_prefill_attention`. flash-attn aligns the causal mask to the
@@ -52,7 +53,9 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     seq_lens = seq_lens.to(torch.int32)
     cu_seqlens_k = F.pad(seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    max_seqlen_q, max_seqlen_k = torch.stack([q_lens.max(), seq_lens.max()]).tolist()  # one sync
+    if max_lens is None:  # a caller without the host lengths: read them back (one sync)
+        max_lens = torch.stack([q_lens.max(), seq_lens.max()]).tolist()
+    max_seqlen_q, max_seqlen_k = max_lens
     return flash_attn_varlen_func(
         q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=scale, causal=True, window_size=_window_size(window), block_table=block_tables.to(torch.int32),

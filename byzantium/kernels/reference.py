@@ -63,12 +63,15 @@ def _window_slots(block_tables, lengths, block_size, window):
     return blocks * block_size + pos % block_size, valid
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
+                             max_lens=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     q `[T, Hq, D]` packs the new tokens of all sequences (`cu_seqlens_q`, length B+1); `seq_lens[b]` is
     sequence b's total length with the new tokens' K/V already stored, so new token j of sequence b
     sits at position `seq_lens[b] - q_len_b + j`. `window`: see the module docstring. Returns `[T, Hq, D]`.
+    `max_lens` (the longest new-token run and sequence, host ints) is for backends that size their
+    grid with them (flash-attn); the others take and ignore it.
     """
     num_kv_heads, head_dim = k_cache.shape[-2:]
     # One memo per window: a model interleaving sliding and global layers alternates between two plans.

@@ -338,8 +338,8 @@ def _append_prefill_kernel(
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
-def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None, *,
-                             block_m=None):
+def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
+                             max_lens=None, *, block_m=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     q `[T, Hq, D]` packs the new tokens of all sequences (`cu_seqlens_q`, length B+1); `seq_lens[b]`

@@ -96,7 +96,7 @@ class Attention(nn.Module):
             q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, self.scale, window=self.window)
         prefill = lambda q: ops.append_prefill_attention(  # noqa: E731
             q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables, self.scale,
-            window=self.window)
+            window=self.window, max_lens=meta.prefill_max_lens)
         if d == T:
             out = decode(q)
         elif d == 0:

@@ -167,13 +167,14 @@ class Attention(nn.Module):
             out = ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, self.scale)
         elif d == 0:
             out = ops.append_prefill_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens,
-                                               meta.prefill_block_tables, self.scale)
+                                               meta.prefill_block_tables, self.scale, max_lens=meta.prefill_max_lens)
         else:
             out = torch.empty_like(q)
             out[:d] = ops.paged_decode_attention(q[:d], k_cache, v_cache, meta.decode_seq_lens,
                                                  meta.decode_block_tables, self.scale)
             out[d:] = ops.append_prefill_attention(q[d:], k_cache, v_cache, meta.cu_seqlens_q,
-                                                   meta.prefill_seq_lens, meta.prefill_block_tables, self.scale)
+                                                   meta.prefill_seq_lens, meta.prefill_block_tables, self.scale,
+                                                   max_lens=meta.prefill_max_lens)
         return self.o_proj(out.view(T, self.q_size))
 
     def _rope(self, x, cos, sin):
