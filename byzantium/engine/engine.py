@@ -155,6 +155,7 @@ class Engine:
         self.profile = profile
         self.enforce_eager = enforce_eager  # CUDA: no decode graphs (runner.py, cuda_graphs.py); CPU is always eager
         self._stats = EngineStats()
+        self.activations_peak = 0  # CUDA: the most one step allocated beyond what it started with
         self._ids = itertools.count()
         self.activations_bytes = None  # measured by the warm-up of memory planning (CUDA)
         if num_blocks is None and kv_cache_gib is None and (self.device.type == "cuda" or memory_fraction):
@@ -211,24 +212,26 @@ class Engine:
         return min(blocks, enough)
 
     def _warm_up(self):
-        """Run the largest prefill step (dummy tokens, logits only); the bytes it allocated beyond what was
-        held before (CUDA; None elsewhere). Leaves no trace in the stats."""
+        """Run the largest prefill step (dummy tokens, logits only) and, on CUDA, a sampled step of
+        max_num_seqs single-token rows (the most logits rows, top-k/top-p sorts, the largest decode CUDA
+        graph); the most a step of them allocated beyond what it started with (CUDA; None elsewhere).
+        Leaves no trace in the stats."""
         per = max(1, min(self.max_model_len - 1, self.max_batch_tokens))
         prompts, left = [], self.max_batch_tokens
         while left > 0 and len(prompts) < self.max_num_seqs:
             prompts.append([0] * min(per, left))
             left -= len(prompts[-1])
         cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            before = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.activations_peak = 0
         self.logits(prompts, tag="warm-up")
+        if cuda:
+            rows = SamplingParams(max_tokens=2, temperature=1.0, top_k=50, top_p=0.9, seed=0)
+            self.generate([[0]] * self.max_num_seqs, rows, tag="warm-up")
         self.reset_stats()
         if not cuda:
             return None
         torch.cuda.synchronize(self.device)
-        return torch.cuda.max_memory_allocated(self.device) - before
+        return self.activations_peak
 
     def _block_bytes(self):
         return (2 * self.config.num_hidden_layers * self.block_size * self.model.num_kv_heads * self.model.head_dim
@@ -303,7 +306,7 @@ class Engine:
                 seen.add(key)
                 weights += t.numel() * t.element_size()
         kv = self.kv_cache.numel() * self.kv_cache.element_size()
-        peak = self.runner.activations_peak if self.device.type == "cuda" else None
+        peak = self.activations_peak if self.device.type == "cuda" else None
         return {"weights_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": self.num_blocks,
                 "kv_blocks_used": self.block_manager.num_used, "activations_peak_bytes": peak}
 
@@ -419,6 +422,7 @@ class Engine:
         except RuntimeError as error:  # every block is held by sessions: nothing queued can ever run
             return self._fail([(seq, error) for seq in [*self.scheduler.running, *self.scheduler.waiting]])
         cached_tokens, cache_hits = self.scheduler.pop_admitted()
+        held = self._step_memory_start()
         try:
             seqs, logits, failed, phase_seconds = self._execute(rows)
         except BaseException:  # interrupted (KeyboardInterrupt...): nothing of this step counts
@@ -436,7 +440,21 @@ class Engine:
             self._stats.record(start, time.perf_counter() - start, step_rows, len({r.seq.seq_id for r in rows}) + riders,
                                self.block_manager.num_used,
                                cached_tokens, cache_hits, phase_seconds=phase_seconds)
+        self._step_memory_end(held)
         return ended
+
+    def _step_memory_start(self):
+        """CUDA: what is allocated as a step starts, the device's peak counter reset to it."""
+        if self.device.type != "cuda":
+            return None
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def _step_memory_end(self, held):
+        """Keep the most this step (forward pass and sampling) allocated beyond what it started with: this
+        engine's own, whatever other engines on the device hold (an LLMPool)."""
+        if held is not None:
+            self.activations_peak = max(self.activations_peak, torch.cuda.max_memory_allocated(self.device) - held)
 
     def _execute(self, rows):
         """The step's forward pass: one fused pass; with both phases present and profiling on (each pass

@@ -128,7 +128,6 @@ class ModelRunner:
         self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, block_size, torch.device(device)
         self.ops = attention_ops(attention_backend, device)
         self.buffers = self.graphs = None
-        self.activations_peak = 0  # CUDA: the most any one step allocated beyond what was held before it
         if self.device.type != "cuda":
             self.graphs_off = f"eager ({self.device.type})"
         elif not (max_num_seqs and max_batch_tokens and max_model_len):
@@ -240,17 +239,8 @@ class ModelRunner:
         once per row, in position order."""
         bucket = self.graphs.bucket(rows) if self.graphs is not None else None
         input_ids, positions, meta, logit_rows, seqs = self.prepare(rows, pad_to=bucket)
-        cuda = self.device.type == "cuda"
-        if cuda:  # this step's own peak, whatever other engines on the device hold (an LLMPool)
-            before = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
         with device_guard(self.device):  # Triton launches on the current device, not the tensors'
-            try:
-                return self._forward(bucket, input_ids, positions, meta, logit_rows, seqs)
-            finally:
-                if cuda:
-                    peak = torch.cuda.max_memory_allocated(self.device) - before
-                    self.activations_peak = max(self.activations_peak, peak)
+            return self._forward(bucket, input_ids, positions, meta, logit_rows, seqs)
 
     def _forward(self, bucket, input_ids, positions, meta, logit_rows, seqs):
         forward = lambda: self.model(input_ids, positions, meta, self.kv_cache)  # noqa: E731
