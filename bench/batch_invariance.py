@@ -6,7 +6,8 @@ Greedy tokens of one prompt generated alone and again as one of 64 prompts in th
 identical; if they are not, it says after how many tokens they part and by how much the next-token
 logits of the prompt differ (alone vs in the batch). On CUDA it also builds two engines on the one
 device (an LLMPool's case) and checks that the first one's `activations_peak_bytes` does not count the
-second's weights or KV pool. Writes DIR/batch_invariance.json and prints one verdict line. The model is
+second's weights or KV pool, and that a Qwen3-MoE engine decodes through CUDA graphs (the MoE
+layer's expert count used to read back to the host, which breaks capture). Writes DIR/batch_invariance.json and prints one verdict line. The model is
 a random Qwen3-0.6B-shaped one on CUDA (bf16), a tiny one with --smoke (CPU, fp32): no network.
 """
 import argparse
@@ -58,6 +59,20 @@ def pool_memory(directory, kwargs):
             "second_engine_bytes": held, "counts_other_engine": after is not None and after >= held}
 
 
+def moe_graphs(directory, device):
+    """A tiny Qwen3-MoE engine on CUDA: its decode steps are captured and replayed as CUDA graphs."""
+    import transformers
+    from byzantium import Engine, SamplingParams
+    config = transformers.Qwen3MoeConfig(**dict(TINY, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2))
+    torch.manual_seed(0)
+    transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    engine = Engine(directory, device=str(device), dtype=torch.bfloat16, num_blocks=64, max_num_seqs=8,
+                    max_model_len=128, enforce_eager=False)
+    engine.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    graphs = engine.describe()["cuda_graphs"]
+    return {"describe": graphs, "captured": bool(graphs.get("enabled") and graphs.get("captured"))}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: checks the script")
@@ -80,17 +95,23 @@ def main():
         del engine
         if device.type == "cuda":
             result["pool"] = pool_memory(directory, kwargs)
+    if device.type == "cuda":
+        with tempfile.TemporaryDirectory() as directory:
+            result["moe_graphs"] = moe_graphs(directory, device)
     result["seconds"] = round(time.perf_counter() - start, 1)
     os.makedirs(args.out, exist_ok=True)
     name = "batch_invariance_smoke.json" if args.smoke else "batch_invariance.json"
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(result, f, indent=1)
-    ok = result["identical_tokens"] and not result.get("pool", {}).get("counts_other_engine", False)
+    ok = (result["identical_tokens"] and not result.get("pool", {}).get("counts_other_engine", False)
+          and result.get("moe_graphs", {}).get("captured", True))
     print(f"batch invariance: {'PASS' if ok else 'FAIL'}: tokens alone vs in a batch of {BATCH} "
           f"{'identical' if result['identical_tokens'] else 'part at token %s' % result['first_differing_token']}, "
           f"logits max |diff| {result['logits_max_abs_diff']:.3g}"
           + (f"; pool: activation peak {result['pool']['activations_peak_beside_second']} bytes beside a second engine "
-             f"of {result['pool']['second_engine_bytes']}" if "pool" in result else ""))
+             f"of {result['pool']['second_engine_bytes']}" if "pool" in result else "")
+          + (f"; Qwen3-MoE decode graphs {'captured' if result['moe_graphs']['captured'] else 'NOT captured'}"
+             if "moe_graphs" in result else ""))
     sys.exit(0 if ok else 1)
 
 

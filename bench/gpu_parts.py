@@ -30,7 +30,7 @@ PARTS = [
     (2, "engine greedy parity and decode throughput vs transformers, attention microbenchmarks", 240,
      [PY, "bench/gpu_check.py", "--skip-tests", "--out", "{out}"],
      [PY, "bench/gpu_check.py", "--smoke", "--skip-tests", "--out", "{out}"]),
-    (3, "batch invariance (alone vs in a batch of 64) and per-engine activation memory", 150,
+    (3, "batch invariance (alone vs in a batch of 64), per-engine activation memory, MoE decode graphs", 150,
      [PY, "bench/batch_invariance.py", "--out", "{out}"],
      [PY, "bench/batch_invariance.py", "--smoke", "--out", "{out}"]),
     (4, "CUDA graphs, device sampling, speculation: their tests on CUDA", 200,
