@@ -4,19 +4,12 @@ Every backend module provides the same three functions (see `reference.py` for t
 `store_kv`, `append_prefill_attention`, `paged_decode_attention`. Both attention functions take
 `window` (None: global attention; W: the query at position p sees keys (p - W, p], a sliding-window layer).
 """
-import functools
 import importlib
 import importlib.util
-import logging
+
+from .notices import warn_once
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
-logger = logging.getLogger("byzantium")
-
-
-@functools.cache
-def warn_once(message):
-    """Log a fallback to a slower path, once per process: such fallbacks are never taken silently."""
-    logger.warning(message)
 
 
 def backend_name(ops):

@@ -26,7 +26,8 @@ import functools
 
 import torch
 
-from . import cpu_ext, reference, warn_once
+from . import cpu_ext, reference
+from .notices import warn_once
 
 ROW_LIMIT_CANDIDATES = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # new tokens per sequence, timed by row_limit
 BUSY_ROW_LIMIT = 32  # when the timings are noise (another process had the cores): what one quiet machine measured

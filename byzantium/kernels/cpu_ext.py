@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from ..paths import cache_root
-from . import warn_once
+from .notices import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in
            ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_gemm_bf16.cpp", "cpu_attention.cpp", "cpu_decode512.cpp",

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..paths import cache_root
-from . import warn_once
+from .notices import warn_once
 
 PHASES = ("decode", "prefill")
 DECODE_ROWS = (1, 8, 32)
