@@ -4,7 +4,8 @@ Public API: Engine, AsyncEngine, SamplingParams, RequestOutput, Session; load_ll
 interface protocols call, on this engine or plain transformers).
 """
 from .engine.async_engine import AsyncEngine
-from .engine.engine import Engine, RequestOutput
+from .engine.engine import Engine
+from .engine.sync_api import RequestOutput
 from .backends.params import SamplingParams
 from .engine.sequence import Session
 from .backends import LLMPool, load_llm

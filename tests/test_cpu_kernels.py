@@ -54,7 +54,7 @@ def test_avx512_panel_linear_matches_torch_linear_and_is_batch_invariant(rows, k
 @pytest.mark.parametrize("k, inner", [(576, 1536), (40, 24), (16, 5)])  # I a multiple of 16, of 8 only, of neither
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_glu_matches_the_linear_then_silu_mul(kind, rows, k, inner, bias):
-    from byzantium.engine.models.packed import PackedLinear
+    from byzantium.engine.layers.linear import PackedLinear
     from byzantium.kernels.linear_choice import Panels, Panels512
     if kind == "panels512" and not ext.avx512_supported():
         pytest.skip("no AVX-512 on this CPU")
@@ -67,7 +67,7 @@ def test_fused_glu_matches_the_linear_then_silu_mul(kind, rows, k, inner, bias):
         if bias:
             linear.bias.copy_(torch.randn(2 * inner, generator=g))
     x = torch.randn(rows, k, generator=g) * 2
-    packed = PackedLinear(linear, {"decode": kernel, "prefill": kernel})
+    packed = PackedLinear(linear, kernel)
     gate_up = packed(x)
     glu, panels, glu_bias, half = packed.repack_glu(ext)
     assert glu is glu_kernel and half == inner and packed.glu == width and panels.shape[0] == -(-inner // width)
@@ -123,12 +123,12 @@ def test_panel_linear_non_contiguous_input_and_bad_calls():
 
 def test_engine_packs_its_linears_on_the_chosen_kernels(tiny_llama):
     from byzantium import Engine, SamplingParams
-    from byzantium.engine.models.packed import PackedLinear
+    from byzantium.engine.layers.linear import PackedLinear
     engine = Engine(tiny_llama[1], num_blocks=64)
     layer = engine.model.model.layers[0].mlp.down_proj
     chosen = engine.describe()["linear_kernels"][f"{layer.in_features}x{layer.out_features}"]
-    assert isinstance(layer, PackedLinear) and {k.name for k in layer.kernels.values()} == set(chosen.values())
-    assert chosen.keys() == {"decode", "prefill"} and set(chosen.values()) <= {"panels", "panels512", "onednn", "torch"}
+    assert isinstance(layer, PackedLinear) and layer.kernel.name == chosen
+    assert chosen in {"panels", "panels512", "onednn", "torch"}
     x = torch.randn(3, layer.in_features)
     plain = Engine(tiny_llama[1], num_blocks=64, cpu_packed_linears=False)
     reference = plain.model.model.layers[0].mlp.down_proj
@@ -136,7 +136,7 @@ def test_engine_packs_its_linears_on_the_chosen_kernels(tiny_llama):
     torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
     # Without the compiled kernels: oneDNN's packing and the torch attention, the same tokens.
     off = Engine(tiny_llama[1], num_blocks=64, cpu_kernels=False)
-    assert {k.name for k in off.model.model.layers[0].mlp.down_proj.kernels.values()} == {"onednn"}
+    assert off.model.model.layers[0].mlp.down_proj.kernel.name == "onednn"
     from byzantium.kernels import reference as torch_attention
     assert off.runner.ops is torch_attention
     prompts = [[5, 6, 7, 8, 9], list(range(10, 40))] * 6  # 12 rows

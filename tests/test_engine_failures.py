@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from byzantium import AsyncEngine, Engine, SamplingParams
-from byzantium.engine.engine import out_of_memory
+from byzantium.engine.failures import out_of_memory
 from byzantium.engine.sequence import Status
 from conftest import random_prompts
 

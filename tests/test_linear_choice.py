@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from byzantium import Engine, SamplingParams
-from byzantium.engine.models.packed import packing_available
+from byzantium.engine.layers.linear import packing_available
 from byzantium.kernels import cpu_ext, linear_choice
 from conftest import random_prompts
 
@@ -46,7 +46,7 @@ def test_choice_is_measured_once_and_cached_per_machine(cache, monkeypatch):
         assert {"panels", "onednn"} <= timings.keys() <= {"panels", "panels512", "onednn", "torch"}
         # One kernel for both phases (a token's K/V the same whichever pass computed it): the fastest overall.
         best = min(timings, key=lambda c: timings[c]["decode"] + timings[c]["prefill"])
-        assert choices[shape] == {"decode": best, "prefill": best}
+        assert choices[shape] == best
     stored = json.loads(cache.read_text())
     assert list(stored) == [linear_choice.machine_key()]
     monkeypatch.setattr(linear_choice, "time_shape", lambda *a: pytest.fail("measured again"))
@@ -66,7 +66,7 @@ def test_a_choice_made_on_a_busy_machine_is_kept_until_measured_again(cache, mon
     monkeypatch.setattr(linear_choice, "time_shape", lambda *a: tries.append(1) or timed(*a))
     choices, measured = linear_choice.choose(weights, available)
     assert measured.keys() == weights.keys() and len(tries) == linear_choice.TRIES
-    assert choices == {(32, 48): {"decode": "panels", "prefill": "panels"}}  # the fixed fallback, not the noise's winner
+    assert choices == {(32, 48): "panels"}  # the fixed fallback, not the noise's winner
     stored = json.loads(cache.read_text())[linear_choice.machine_key()]
     assert [e["busy"] for e in stored.values()] == [True]
     # A later start, quiet and seeing onednn win, still takes what the cache holds.
@@ -78,8 +78,8 @@ def test_a_choice_made_on_a_busy_machine_is_kept_until_measured_again(cache, mon
     monkeypatch.setattr(linear_choice, "_remeasured", set())
     monkeypatch.setattr(linear_choice, "time_shape", lambda *a: calls.append(1) or (
         {c.name: {"decode": 1.0 if c.name == "onednn" else 2.0, "prefill": 1.0} for c in a[0]}, False))
-    assert linear_choice.choose(weights, available)[0] == {(32, 48): {"decode": "onednn", "prefill": "onednn"}}
-    assert linear_choice.choose(weights, available)[0] == {(32, 48): {"decode": "onednn", "prefill": "onednn"}}
+    assert linear_choice.choose(weights, available)[0] == {(32, 48): "onednn"}
+    assert linear_choice.choose(weights, available)[0] == {(32, 48): "onednn"}
     assert calls == [1] and "busy" not in list(json.loads(cache.read_text())[linear_choice.machine_key()].values())[0]
 
 
@@ -93,32 +93,10 @@ def test_forced_kernel_and_bad_value(cache, monkeypatch):
     available = linear_choice.candidates(ext, True)
     monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "onednn")
     choices, _ = linear_choice.choose({(8, 8): [torch.randn(8, 8)]}, available)
-    assert choices == {(8, 8): {"decode": "onednn", "prefill": "onednn"}} and not cache.exists()
+    assert choices == {(8, 8): "onednn"} and not cache.exists()
     monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "mkl")
     with pytest.raises(ValueError, match="BYZANTIUM_LINEAR_KERNELS='mkl'"):
         linear_choice.choose({(8, 8): [torch.randn(8, 8)]}, available)
-
-
-@needs_both
-def test_phase_split_kernels_keep_tokens_batch_independent(tiny_llama, cache, monkeypatch):
-    # Force different kernels for the two phases (what a machine may measure) and check that a request's
-    # tokens do not depend on what else is in its steps, and match the single-kernel engines closely.
-    def split_choice(weights_by_shape, available):
-        return {shape: {"decode": "panels", "prefill": "onednn"} for shape in weights_by_shape}, {}
-    monkeypatch.setattr(linear_choice, "choose", split_choice)
-    import byzantium.engine.models.packed as packed
-    monkeypatch.setattr(packed, "choose", split_choice)
-    engine = Engine(tiny_llama[1], num_blocks=128, max_batch_tokens=64)
-    assert engine.split_phases
-    prompts = random_prompts([5, 30, 17, 9, 44], seed=3)
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
-    alone = [engine.generate([p], params)[0].token_ids for p in prompts]
-    together = [o.token_ids for o in engine.generate(prompts, params)]  # mixed prefill + decode steps
-    assert together == alone
-    assert engine.stats["steps"] > 0
-    monkeypatch.undo()
-    plain = Engine(tiny_llama[1], num_blocks=128, cpu_packed_linears=False)
-    assert [o.token_ids for o in plain.generate(prompts, params)] == together
 
 
 @pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.bfloat16), reason="no bf16 oneDNN on this CPU")
@@ -126,8 +104,7 @@ def test_bf16_engine_on_the_cpu_uses_bf16_kernels_and_stays_close_to_fp32(tiny_l
     path = tiny_llama[1]
     bf16 = Engine(path, num_blocks=128, dtype="bfloat16")
     described = bf16.describe()
-    assert {k for choice in described["linear_kernels"].values() for k in choice.values()} <= {"onednn", "torch",
-                                                                                          "panels_bf16"}
+    assert set(described["linear_kernels"].values()) <= {"onednn", "torch", "panels_bf16"}
     assert described["attention_backend"] == "cpu" and bf16.kv_cache.dtype == torch.bfloat16
     prompts = random_prompts([5, 30, 17, 44], seed=4)
     want = Engine(path, num_blocks=128).logits(prompts)

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from ..engine.engine import _generation_config, resolve_device, resolve_dtype
-from ..engine.loader import load_tokenizer
+from ..engine.config import resolve_device, resolve_dtype
+from ..engine.loader import generation_config, load_tokenizer
 from ..engine.sampling import make_generator, sample
 from .params import SamplingParams
 from .base import LLM, Completion, TokenSession
@@ -41,7 +41,7 @@ class HFLLM(LLM):
         self.vocab_size = config.vocab_size
         self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         self.eos_token_ids = set()
-        for source in (config, _generation_config(model_dir), self.tokenizer):
+        for source in (config, generation_config(model_dir), self.tokenizer):
             value = getattr(source, "eos_token_id", None) if source is not None else None
             self.eos_token_ids.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"

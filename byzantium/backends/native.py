@@ -3,7 +3,7 @@ calls of all agents and all problem instances in flight are batched together."""
 import torch
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.engine import log_softmax_rows
+from ..engine.sync_api import log_softmax_rows
 from .params import SamplingParams
 from .base import LLM, Completion
 

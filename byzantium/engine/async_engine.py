@@ -15,9 +15,10 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from .engine import Engine, Outputs
+from .engine import Engine
 from .sampling import SamplingParams
 from .sequence import Session
+from .sync_api import Outputs, candidate_lists, prompt_list
 
 logger = logging.getLogger("byzantium")
 
@@ -207,8 +208,8 @@ class AsyncEngine:
         return torch.from_numpy(np.stack([s.logits.numpy() for s in seqs]))
 
     async def score(self, prompts, candidates, *, tag=None):
-        prompts = Engine._prompt_list(prompts)
-        per_prompt = Engine.candidate_lists(prompts, candidates)
+        prompts = prompt_list(prompts)
+        per_prompt = candidate_lists(prompts, candidates)
         return self.engine.logprobs_of(await self.logits(prompts, tag=tag), per_prompt)
 
     async def open_session(self, prompt, *, tag=None):

@@ -195,3 +195,12 @@ def iter_safetensors(model_dir: str | os.PathLike, device="cpu") -> Iterator[tup
         with safe_open(file, framework="pt", device=str(device)) as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def generation_config(model_dir):
+    """The checkpoint's generation_config.json (its end-of-sequence ids), or None when it has none."""
+    try:
+        from transformers import GenerationConfig
+        return GenerationConfig.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        return None

@@ -18,6 +18,7 @@ rider that samples another token parts at once (the engine's postprocess: BlockM
 from collections import deque
 
 from .sequence import Row, Status
+from .speculation import draft_tokens, speculative_rows
 
 
 class Scheduler:
@@ -137,25 +138,14 @@ class Scheduler:
         return len(seq), seq.block_hashes[-1] if hashed else b"", tuple(seq.token_ids[hashed * self.blocks.block_size:])
 
     def _drafts(self, seq, k):
-        """A decoding request's draft tokens: at most k, none past its max_tokens or the model's length, and
-        only if their blocks are free (drafts never preempt anyone)."""
         if not self._decoding(seq):
             return []
-        k = min(k, self.drafter.num_tokens, seq.params.max_tokens - seq.num_output - 1,
-                (self.max_model_len or len(seq) + k + 1) - len(seq) - 1)
-        drafts = self.drafter.propose(seq, k) if k > 0 else []
-        if drafts and self.blocks.blocks_needed(seq, len(seq) + len(drafts)) > self.blocks.num_free:
-            return []
-        return drafts
+        return draft_tokens(self.drafter, seq, k, self.max_model_len, self.blocks)
 
     def _take(self, seq, n, batch, drafts=()):
         self.blocks.allocate(seq, seq.num_computed + n + len(drafts))
         self.blocks.register_full_blocks(seq, seq.num_computed + n)  # draft tokens are not content yet
-        if not drafts:
-            batch.append(Row(seq, seq.num_computed, n))
-            return
-        batch.append(Row(seq, seq.num_computed, 1, verify=True))
-        batch.extend(Row(seq, len(seq) + i, 1, token=t, verify=True) for i, t in enumerate(drafts))
+        batch.extend(speculative_rows(seq, drafts) if drafts else [Row(seq, seq.num_computed, n)])
 
     def _make_room(self, seq, num_tokens, batch):
         """Free blocks for seq by preempting the newest unpinned running sequences not in this batch."""

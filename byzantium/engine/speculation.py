@@ -15,7 +15,12 @@ It pays where a step costs what reading the weights costs (few rows a step: smal
 most decode steps on a GPU), and repetitive text (judges restating the problem, refinements copying an
 answer, a small model's loops) is what it drafts well. A step's draft rows are capped (`max_rows`, all
 rows of the step counted), so that a step whose rows already make it compute-bound does not grow.
+
+Everything of it is here: proposing drafts (PromptLookup, draft_tokens), the rows of a speculative step
+(speculative_rows), and after the pass, sampling row after row and keeping drafts while they match
+(sample_in_order, StepDrafts).
 """
+from .sequence import Row
 
 
 class PromptLookup:
@@ -45,3 +50,74 @@ class PromptLookup:
     def describe(self):
         return {"method": "prompt lookup (n-gram)", "num_speculative_tokens": self.num_tokens,
                 "max_rows": self.max_rows, "min_n": self.min_n, "max_n": self.max_n}
+
+
+def draft_tokens(drafter, seq, k, max_model_len, blocks):
+    """A decoding request's draft tokens for this step: at most k, none past its max_tokens or the model's
+    length, and only if their blocks are free (drafts never preempt anyone)."""
+    k = min(k, drafter.num_tokens, seq.params.max_tokens - seq.num_output - 1,
+            (max_model_len or len(seq) + k + 1) - len(seq) - 1)
+    drafts = drafter.propose(seq, k) if k > 0 else []
+    if drafts and blocks.blocks_needed(seq, len(seq) + len(drafts)) > blocks.num_free:
+        return []
+    return drafts
+
+
+def speculative_rows(seq, drafts):
+    """The rows of a speculative step: the newest token, then each draft token, one decode row each."""
+    return [Row(seq, seq.num_computed, 1, verify=True)] + [
+        Row(seq, len(seq) + i, 1, token=t, verify=True) for i, t in enumerate(drafts)]
+
+
+class StepDrafts:
+    """The drafts a step's rows carry ({seq_id: tokens}) and its speculative rows, to verify after sampling."""
+
+    def __init__(self, rows):
+        self.tokens, self.verifying = {}, {}
+        for row in rows:
+            if row.verify:
+                self.verifying.setdefault(row.seq.seq_id, [row.seq, len(row.seq), []])[2].append(row)
+            if row.token is not None:
+                self.tokens.setdefault(row.seq.seq_id, []).append(row.token)
+
+    def of(self, seq):
+        return self.tokens.get(seq.seq_id, [])
+
+    def count(self):
+        return sum(map(len, self.tokens.values()))
+
+    def mark_wasted(self):
+        """Row i of a speculative step gave its i-th token, if the step got that far; the rest are wasted."""
+        for seq, before, rows in self.verifying.values():
+            for row in rows[len(seq) - before:]:
+                row.wasted = True
+
+
+def sample_in_order(to_sample, sample, check_stop):
+    """Sample each request's rows in turn: a plain step takes one round; a speculative one goes on to the
+    next row while the token sampled is the draft token that row was fed (so its logits follow from it).
+
+    to_sample: [(seq, its logits rows, its drafts, counted)]; sample(rows, seqs) -> (tokens, logprobs);
+    check_stop(seq, token) -> whether seq finished. Returns (finished, accepted drafts counted, the
+    requests whose sampling raised with the error, or None)."""
+    finished, accepted_count, position = [], 0, 0
+    while to_sample:
+        seqs = [seq for seq, _, _, _ in to_sample]
+        try:
+            tokens, logprobs = sample([index[position] for _, index, _, _ in to_sample], seqs)
+        except Exception as error:  # noqa: BLE001 - e.g. NaN logits: these requests fail, not the engine
+            return finished, accepted_count, (seqs, error)
+        going = []
+        for (seq, index, drafts, counted), token, lp in zip(to_sample, tokens, logprobs):
+            seq.token_ids.append(token)
+            seq.num_computed = len(seq) - 1  # accepted drafts' K/V are computed, the newest token's not
+            if lp is not None:
+                seq.logprobs.append(lp)
+            accepted = position < len(drafts) and token == drafts[position]
+            accepted_count += accepted and counted
+            if check_stop(seq, token):
+                finished.append(seq)
+            elif accepted:
+                going.append((seq, index, drafts, counted))
+        to_sample, position = going, position + 1
+    return finished, accepted_count, None

@@ -2,7 +2,7 @@
 torch version, then cached.
 
     ext = load()            # None when it cannot be had: no AVX2, no C++ compiler, a failed build
-    panels = ext.pack_panels(weight)                  # cpu_gemm.cpp: the linears (engine/models/packed.py)
+    panels = ext.pack_panels(weight)                  # cpu_gemm.cpp: the linears (engine/layers/linear.py)
     y = ext.panel_linear(x, panels, bias, weight.shape[0])
     a = ext.panel_glu(x, ext.pack_glu(gate_up_weight), None, I)        # silu(gate) * up, fused
     if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512

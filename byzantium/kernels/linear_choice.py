@@ -32,7 +32,6 @@ import torch
 from ..paths import cache_root
 from .notices import warn_once
 
-PHASES = ("decode", "prefill")
 DECODE_ROWS = (1, 8, 32)
 PREFILL_ROWS = 256
 STREAM_BYTES = 96 * 2**20  # decode timing cycles through this many weight bytes: more than a CPU's caches
@@ -246,14 +245,16 @@ def forced_choice(available):
 
 
 def choose(weights_by_shape, available):
-    """{(in, out): {phase: candidate name}} for every shape, measured here or read from the cache; and
-    {shape: {candidate: {phase: seconds}}} of what was measured now (empty when all came from the cache)."""
+    """{(in, out): candidate name} for every shape, measured here or read from the cache; and
+    {shape: {candidate: {"decode" or "prefill": seconds}}} of what was measured now (empty when all came
+    from the cache). One kernel for both kinds of rows: a token's K/V must not depend on whether a decode
+    or a prefill pass computed it (sessions, prefix-cache hits and replays reuse them across phases)."""
     if not available:
         return {}, {}
     forced = forced_choice(available)
     if forced is not None or len(available) == 1:
         name = forced or available[0].name
-        return {shape: {phase: name for phase in PHASES} for shape in weights_by_shape}, {}
+        return dict.fromkeys(weights_by_shape, name), {}
     choices, measured = {}, {}
     generator = torch.Generator().manual_seed(0)
     with locked_cache() as cache, torch.inference_mode():
@@ -271,20 +272,18 @@ def choose(weights_by_shape, available):
                     timings, busy = time_shape(invariant, weights, k, generator)
                     if not busy:
                         break
-                # One kernel for both phases: a token's K/V must not depend on whether a decode or a prefill
-                # pass computed it (sessions, prefix-cache hits and replays reuse them across phases).
                 best = min(timings, key=lambda c: timings[c]["decode"] + timings[c]["prefill"])
-                entry = {**{phase: best for phase in PHASES}, "seconds": timings}
+                entry = {"kernel": best, "seconds": timings}
                 measured[(k, n)] = timings
                 if busy:  # noisy timings choose nothing; the fixed fallback is kept, so that later starts agree
-                    entry = {**{phase: invariant[0].name for phase in PHASES}, "seconds": timings, "busy": True}
+                    entry = {"kernel": invariant[0].name, "seconds": timings, "busy": True}
                     warn_once(f"byzantium: the machine was busy while timing the CPU linear kernels; {invariant[0].name} "
                               f"is chosen and kept for this machine (rerun once with BYZANTIUM_LINEAR_KERNELS=measure "
                               f"on a quiet machine to time them again)")
                 machine[key] = entry
-            choices[(k, n)] = {phase: entry[phase] for phase in PHASES}
+            choices[(k, n)] = entry.get("kernel") or entry["decode"]  # "decode": the older entries' name for it
     return choices, measured
 
 
-__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "PHASES", "Panels", "Panels512", "PanelsBF16", "Torch", "batch_invariant", "candidates", "choose",
+__all__ = ["BATCH_HINT", "Candidate", "OneDNN", "Panels", "Panels512", "PanelsBF16", "Torch", "batch_invariant", "candidates", "choose",
            "cache_path", "cpu_name", "locked_cache", "machine_key", "remeasure"]

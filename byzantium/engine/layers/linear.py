@@ -3,28 +3,15 @@ measured fastest on this machine (kernels/linear_choice.py).
 
 The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, fp32, when the CPU kernels build; its
 AVX-512 variant cpu_gemm512.cpp where the CPU has AVX-512), oneDNN's prepacked weights (the path
-torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain F.linear (transformers' path, where it is batch-invariant). The layer can hold a kernel per phase (the
-engine then runs a step's prefill and decode rows as two passes, `linear_phase` saying which); the
-measured choice gives both phases one kernel, so a token's K/V do not depend on the pass that computed
-it. Only the packed layouts are kept (a tied lm_head's weight still lives on as the embedding).
+torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain F.linear (transformers' path,
+where it is batch-invariant). Decode and prefill rows run on the same kernel, so a token's K/V do not
+depend on the pass that computed it. Only the packed layouts are kept (a tied lm_head's weight still
+lives on as the embedding).
 """
-import contextlib
-
 import torch
 from torch import nn
 
-from ...kernels.linear_choice import PHASES, Panels, candidates, choose
-
-_phase = ["decode"]  # the phase of the forward pass running now (engine.py sets it around each pass)
-
-
-@contextlib.contextmanager
-def linear_phase(phase):
-    previous, _phase[0] = _phase[0], phase
-    try:
-        yield
-    finally:
-        _phase[0] = previous
+from ...kernels.linear_choice import Panels, candidates, choose
 
 
 def packing_available(device, dtype):
@@ -42,56 +29,47 @@ def packing_available(device, dtype):
 
 
 class PackedLinear(nn.Module):
-    """A linear whose weight is packed for the kernel of each phase ({phase: Candidate})."""
+    """A linear whose weight is packed for its kernel (a linear_choice.Candidate)."""
 
-    def __init__(self, linear, kernel_by_phase):
+    def __init__(self, linear, kernel):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
-        self.kernels, self.packed, self.biases = {}, {}, {}
-        layouts = {}  # candidate name -> (packed, bias): one layout per distinct kernel
-        for phase, kernel in kernel_by_phase.items():
-            if kernel.name not in layouts:
-                packed = kernel.pack(weight)
-                padded = kernel.pad_bias(bias, packed, self.out_features) if bias is not None and isinstance(
-                    kernel, Panels) else bias
-                layouts[kernel.name] = (packed, padded)
-            self.kernels[phase] = kernel
-            self.packed[phase], self.biases[phase] = layouts[kernel.name]
-
+        self.kernel = kernel
+        self.packed = kernel.pack(weight)
+        self.packed_bias = kernel.pad_bias(bias, self.packed, self.out_features) if bias is not None and isinstance(
+            kernel, Panels) else bias
         self.glu = 0  # packed by pack_glu / pack_glu512 / pack_glu_bf16 (repack_glu): gate (and up) columns a panel
 
     def forward(self, x):
-        phase = _phase[0]
         rows = x.reshape(-1, self.in_features)
         if self.glu:  # the panels' columns are interleaved (glu gate, glu up): put them back in order
-            panels, width = self.packed[phase].shape[0], self.glu
-            y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], panels * 2 * width)
+            panels, width = self.packed.shape[0], self.glu
+            y = self.kernel.run(rows, self.packed, self.packed_bias, panels * 2 * width)
             half = self.out_features // 2
             y = y.view(-1, panels, 2, width).transpose(1, 2).reshape(-1, 2, panels * width)[:, :, :half]
             y = y.reshape(-1, 2 * half)
         else:
-            y = self.kernels[phase].run(rows, self.packed[phase], self.biases[phase], self.out_features)
+            y = self.kernel.run(rows, self.packed, self.packed_bias, self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
 
     def repack_glu(self, kernels):
         """Repack a fused gate_up weight [2I, K] held on the panels (fp32: `kernels.panel_glu`, AVX-512:
         `kernels.panel_glu512`) or the bf16 panels (`kernels.panel_glu_bf16`), whose blocks compute
         silu(gate) * up as they go. Returns (glu kernel, panels, bias or None, I), or None where it does not
-        apply (another kernel in some phase)."""
-        names = {k.name for k in self.kernels.values()}
-        if names == {"panels"}:
+        apply (another kernel)."""
+        name = self.kernel.name
+        if name == "panels":
             pack, glu, width = kernels.pack_glu, kernels.panel_glu, 8
-        elif names == {"panels512"} and kernels.avx512_supported():
+        elif name == "panels512" and kernels.avx512_supported():
             pack, glu, width = kernels.pack_glu512, kernels.panel_glu512, 16
-        elif names == {"panels_bf16"} and kernels.avx512_bf16_supported():
+        elif name == "panels_bf16" and kernels.avx512_bf16_supported():
             pack, glu, width = kernels.pack_glu_bf16, kernels.panel_glu_bf16, 16
         else:
             return None
         if not self.glu:
-            phase = next(iter(self.packed))
-            packed, bias, half = self.packed[phase], self.biases[phase], self.out_features // 2
+            packed, bias, half = self.packed, self.packed_bias, self.out_features // 2
             if packed.dim() == 3:  # fp32 panels [P, K, 16 or 32]
                 weight = packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
             else:  # bf16 panels [P, K/2, 32, 2]
@@ -102,20 +80,16 @@ class PackedLinear(nn.Module):
                 gate, up = (torch.cat([b, b.new_zeros(panels * width - half)]).view(panels, width)
                             for b in (bias[:half], bias[half:2 * half]))
                 bias = torch.cat([gate, up], dim=1).flatten()
-            self.packed = dict.fromkeys(self.packed, packed)
-            self.biases = dict.fromkeys(self.biases, bias)
-            self.glu = width
-        phase = next(iter(self.packed))
-        return glu, self.packed[phase], self.biases[phase], self.out_features // 2
+            self.packed, self.packed_bias, self.glu = packed, bias, width
+        return glu, self.packed, self.packed_bias, self.out_features // 2
 
     def extra_repr(self):
-        return f"{self.in_features}, {self.out_features}, " + ", ".join(
-            f"{phase}={kernel.name}" for phase, kernel in self.kernels.items())
+        return f"{self.in_features}, {self.out_features}, kernel={self.kernel.name}"
 
 
 def pack_linears(model, kernels=None, onednn=True, dtype=torch.float32):
     """Replace every nn.Linear of `model` by a PackedLinear on the kernels chosen for its shape (call after
-    the weights are loaded). Returns ({"INxOUT": {phase: name}}, {shape: measured seconds})."""
+    the weights are loaded). Returns ({"INxOUT": kernel name}, {shape: measured seconds})."""
     available = candidates(kernels, onednn, dtype)
     linears = [(module, name, child) for module in model.modules() for name, child in module.named_children()
                if isinstance(child, nn.Linear)]
@@ -127,6 +101,5 @@ def pack_linears(model, kernels=None, onednn=True, dtype=torch.float32):
         return {}, {}
     named = {c.name: c for c in available}
     for module, name, child in linears:
-        chosen = choices[(child.in_features, child.out_features)]
-        setattr(module, name, PackedLinear(child, {phase: named[chosen[phase]] for phase in PHASES}))
-    return {f"{k}x{n}": dict(choice) for (k, n), choice in choices.items()}, measured
+        setattr(module, name, PackedLinear(child, named[choices[(child.in_features, child.out_features)]]))
+    return {f"{k}x{n}": choice for (k, n), choice in choices.items()}, measured

@@ -1,0 +1,82 @@
+"""An engine's settings: one dataclass, checked when it is made, before any model file is read."""
+from dataclasses import dataclass, fields
+
+import torch
+
+# Prompt-lookup speculation on the CPU: draft tokens a request may take a step, and the rows a step may
+# hold for drafts to be added (past ~32 rows a CPU step is compute-bound: extra rows cost, not ride free).
+DEFAULT_SPECULATIVE_TOKENS = 4
+DEFAULT_SPECULATIVE_ROWS = 32
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+POSITIVE = ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len", "speculative_max_rows")
+
+
+@dataclass
+class EngineConfig:
+    """What Engine(model, **options) was asked for. None means: decided from the model and the device."""
+    model: object = None  # a hub id, a directory, a GGUF file; None: the embedded default model
+    device: object = None  # "cpu", "cuda", "cuda:1", a torch.device; None or "auto": CUDA when there is one
+    dtype: object = None  # a name from DTYPES or a torch.dtype; None or "auto": bf16 on CUDA, fp32 on the CPU
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int | None = None  # KV blocks; None: planned from memory (memory_fraction, kv_cache_gib)
+    max_num_seqs: int = 256  # sequences in one step
+    max_batch_tokens: int | None = None  # tokens in one step; None: 8192 on CUDA, 2048 on the CPU
+    attention_backend: str = "auto"  # kernels.ATTENTION_BACKENDS
+    max_model_len: int | None = None  # None: the model's context
+    kv_cache_gib: float | None = None  # the KV pool's size, instead of num_blocks
+    cpu_packed_linears: bool = True  # CPU: linears on repacked weights (layers/linear.py)
+    cpu_kernels: bool = True  # CPU: Byzantium's compiled kernels (kernels/cpu_ext.py)
+    profile: bool = False  # a step with prefill and decode rows runs them as two timed passes
+    memory_fraction: float | None = None  # the share of the device this engine plans within
+    enforce_eager: bool = False  # CUDA: no decode CUDA graphs
+    num_speculative_tokens: int | None = None  # prompt-lookup drafts; None: 4 on the CPU, off on CUDA
+    speculative_max_rows: int | None = None  # rows a step may hold with drafts; None: 32
+
+    def __post_init__(self):
+        for name in POSITIVE:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        tokens = self.num_speculative_tokens
+        if tokens is not None and (not isinstance(tokens, int) or tokens < 0):
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got {tokens!r}")
+        if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
+
+
+def engine_config(model, options):
+    """EngineConfig(model, **options), with an unknown option named as such."""
+    known = {f.name for f in fields(EngineConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"Engine got unknown options {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return EngineConfig(model=model, **options)
+
+
+def resolve_device(device):
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA device")
+    return device
+
+
+def resolve_dtype(dtype, device):
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def cpu_has_bf16_units():
+    """Whether this CPU multiplies bf16 in hardware (avx512_bf16 or AMX), where oneDNN and our bf16 panels run."""
+    probes = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(probe() for probe in probes if probe is not None)

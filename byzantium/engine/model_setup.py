@@ -1,0 +1,43 @@
+"""An engine's model: built on meta, its weights read straight to the device at the target dtype, then
+set on the CPU kernels measured fastest here (linears) and the compiled layer ops (norms, rope, SiLU)."""
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels import cpu_ext, warn_once
+from .layers.linear import pack_linears, packing_available
+from .loader import iter_safetensors
+
+
+@dataclass
+class ModelSetup:
+    model: torch.nn.Module
+    linear_kernels: object  # "torch", or {"INxOUT": kernel name} as measured on this CPU
+    linear_timings: dict  # {shape: {candidate: seconds}} measured by this start (empty when cached)
+    cpu_layer_ops: bool  # norms, rope and SiLU * up on the compiled kernels
+
+
+def load_model(model_class, config, model_dir, dtype, device, cpu_packed_linears=True, cpu_kernels=True):
+    with torch.device("meta"):  # no random init of weights we overwrite anyway
+        model = model_class(config)
+    # Cast on meta first, so every weight is allocated once, at the target dtype (casting after
+    # to_empty would hold an fp32 copy: twice the bf16 weights at the peak).
+    model = model.to(dtype).to_empty(device=device)
+    model.init_buffers(device)  # what to_empty left uninitialised: rope tables, tied weights
+    model.load_weights(iter_safetensors(model_dir, device))  # one tensor at a time, straight to the device
+    linear_kernels, linear_timings = "torch", {}
+    cpu = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+    if cpu_packed_linears and cpu:
+        kernels = cpu_ext.load() if cpu_kernels else None  # load() logs why it is None; bf16: its panels
+        onednn = packing_available(device, dtype)
+        if dtype == torch.float32 and kernels is None and not onednn:
+            warn_once("byzantium: oneDNN weight packing does not work in this torch build; "
+                      "the linears are plain torch (slower on the CPU)")
+        linear_kernels, linear_timings = pack_linears(model, kernels, onednn, dtype)
+    # The norms, rotary embedding and SiLU * up as single compiled passes (fp32 on the CPU; bf16 norms and
+    # rope with avx512_bf16); gate_up fused with SiLU * up where it runs on the panels (fp32 AVX2 or AVX-512, bf16).
+    compiled = cpu_kernels and cpu and hasattr(model, "use_cpu_ops") and cpu_ext.load() is not None
+    if compiled:
+        model.use_cpu_ops(cpu_ext.load())
+    layer_ops = compiled and (dtype == torch.float32 or cpu_ext.load().avx512_bf16_supported())
+    return ModelSetup(model.eval(), linear_kernels, linear_timings, layer_ops)

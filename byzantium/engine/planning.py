@@ -1,0 +1,108 @@
+"""How many KV blocks an engine gets, and what it holds in memory (memory.py has the arithmetic)."""
+import torch
+
+from .memory import CPU_KV_RAM_SHARE, kv_blocks, physical_memory
+from .sampling import SamplingParams
+
+
+def block_bytes(engine):
+    return (2 * engine.config.num_hidden_layers * engine.block_size * engine.model.num_kv_heads
+            * engine.model.head_dim * engine.dtype.itemsize)
+
+
+def enough_blocks(engine):
+    """Blocks for every sequence at full length: more are never used."""
+    return engine.max_num_seqs * -(-engine.max_model_len // engine.block_size)
+
+
+def default_num_blocks(engine, kv_cache_gib):
+    if kv_cache_gib is not None:
+        budget = kv_cache_gib * 2**30
+    else:  # the pool's pages cost memory only once written (allocate_kv_cache); cap the worst case
+        budget = CPU_KV_RAM_SHARE * physical_memory()
+    return max(1, min(int(budget // block_bytes(engine)), enough_blocks(engine)))
+
+
+def plan_num_blocks(engine, fraction):
+    """KV blocks from what is left of this engine's share of the device (`fraction` of its memory:
+    weights, activations and KV together) once the weights are loaded and a warm-up forward at the
+    largest step the scheduler forms (max_batch_tokens of prefill) has measured the activations, as
+    serving engines plan it. On CPU the share is of RAM and activations are not measured."""
+    engine.build_cache(-(-engine.max_batch_tokens // engine.block_size) + engine.max_num_seqs)
+    activations = warm_up(engine)
+    engine.activations_bytes = activations
+    weights = memory_held(engine)["weights_bytes"]
+    if engine.device.type == "cuda":
+        # The warm-up's pool and everything holding it (runner buffers, graphs) go before measuring.
+        engine.kv_cache = engine.runner = engine.block_manager = engine.scheduler = None
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(engine.device)
+    else:
+        total = free = physical_memory()
+    blocks = kv_blocks(total, fraction, weights, activations or 0, free, block_bytes(engine))
+    if blocks < 1:
+        raise ValueError(f"{engine.model_dir} does not fit in memory_fraction={fraction} of the {engine.device} "
+                         f"({total / 2**30:.1f} GiB): weights {weights / 2**30:.2f} GiB, activations "
+                         f"{(activations or 0) / 2**30:.2f} GiB leave nothing for the KV cache; raise "
+                         f"memory_fraction or lower max_batch_tokens")
+    return min(blocks, enough_blocks(engine))
+
+
+def warm_up(engine):
+    """Run the largest prefill step (dummy tokens, logits only) and, on CUDA, a sampled step of
+    max_num_seqs single-token rows (the most logits rows, top-k/top-p sorts, the largest decode CUDA
+    graph); the most a step of them allocated beyond what it started with (CUDA; None elsewhere).
+    Leaves no trace in the stats."""
+    per = max(1, min(engine.max_model_len - 1, engine.max_batch_tokens))
+    prompts, left = [], engine.max_batch_tokens
+    while left > 0 and len(prompts) < engine.max_num_seqs:
+        prompts.append([0] * min(per, left))
+        left -= len(prompts[-1])
+    cuda = engine.device.type == "cuda"
+    engine.step_peak.reset()
+    engine.logits(prompts, tag="warm-up")
+    if cuda:
+        rows = SamplingParams(max_tokens=2, temperature=1.0, top_k=50, top_p=0.9, seed=0)
+        engine.generate([[0]] * engine.max_num_seqs, rows, tag="warm-up")
+    engine.reset_stats()
+    if not cuda:
+        return None
+    torch.cuda.synchronize(engine.device)
+    return engine.step_peak.bytes
+
+
+def memory_held(engine):
+    """Bytes held: the weights, the KV pool (and how much of it is in use now), and on CUDA the peak
+    of everything else (activations, workspaces) one of this engine's steps allocated."""
+    seen, weights = set(), 0
+    packed = [m.packed for m in engine.model.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)]
+    for t in [*engine.model.parameters(), *engine.model.buffers(), *packed]:
+        key = id(t) if t.is_mkldnn else t.data_ptr()  # oneDNN's packed weights have no storage pointer
+        if t.device.type != "meta" and key not in seen:
+            seen.add(key)
+            weights += t.numel() * t.element_size()
+    kv = engine.kv_cache.numel() * engine.kv_cache.element_size()
+    peak = engine.step_peak.bytes if engine.device.type == "cuda" else None
+    return {"weights_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": engine.num_blocks,
+            "kv_blocks_used": engine.block_manager.num_used, "activations_peak_bytes": peak}
+
+
+class StepPeak:
+    """CUDA: the most one step (forward pass and sampling) allocated beyond what it started with: this
+    engine's own, whatever other engines on the device hold (an LLMPool). Elsewhere it stays 0."""
+
+    def __init__(self, device):
+        self.device, self.bytes, self.held = device, 0, None
+
+    def reset(self):
+        self.bytes = 0
+
+    def start(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.held = torch.cuda.memory_allocated(self.device)
+
+    def end(self):
+        if self.held is not None:
+            self.bytes = max(self.bytes, torch.cuda.max_memory_allocated(self.device) - self.held)
+            self.held = None

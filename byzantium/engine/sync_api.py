@@ -1,0 +1,164 @@
+"""The blocking operations of an Engine, written on its core (add_requests, run_until_done, output):
+generate, chat, logits, score, and round-robin sessions (open, extend, continue, close)."""
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .chat import plain_text_ids, render_chat
+from .sampling import SamplingParams
+from .sequence import Sequence, Session, Status
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    logprobs: list | None = None
+    prompt_token_ids: list[int] = field(default_factory=list, repr=False)
+
+
+class Outputs(list):
+    """A list of RequestOutput; when it holds one output, its attributes read through (outs.text)."""
+
+    def __getattr__(self, name):
+        if len(self) == 1:
+            return getattr(self[0], name)
+        raise AttributeError(f"{len(self)} outputs: index one to read {name!r}")
+
+
+def log_softmax_rows(logits):
+    """log-softmax of logits rows (a CPU tensor) in numpy, float64: single-threaded on purpose, because the
+    AsyncEngine calls it on the event loop's thread, where a parallel torch op would start a second OpenMP
+    team and slow every step (see AsyncEngine.__init__)."""
+    x = logits.numpy().astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def prompt_list(prompts):
+    """A single prompt (a string, a list of ints, a Session) or a list of prompts -> a list of prompts."""
+    if isinstance(prompts, (str, Session)) or (isinstance(prompts, (list, tuple)) and prompts and
+                                               all(isinstance(t, int) for t in prompts)):
+        return [prompts]
+    return list(prompts)
+
+
+def params_list(params, n):
+    """One SamplingParams for all n prompts, or one each -> a list of n."""
+    params = SamplingParams() if params is None else params
+    params = list(params) if isinstance(params, (list, tuple)) else [params] * n
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+    return params
+
+
+def candidate_lists(prompts, candidates):
+    """One candidate list per prompt: `candidates` is shared, or already one list per prompt."""
+    per_prompt = candidates if candidates and isinstance(candidates[0], (list, tuple)) else [candidates] * len(prompts)
+    if len(per_prompt) != len(prompts):
+        raise ValueError(f"got {len(per_prompt)} candidate lists for {len(prompts)} prompts")
+    return per_prompt
+
+
+class SyncAPI:
+    """Mixed into Engine: each call queues its requests and steps until they end."""
+
+    def generate(self, prompts, params=None, *, tag=None):
+        """Generate for each prompt (raw text, no template, or token ids); outputs in prompt order."""
+        seqs = self.run_until_done(self.add_requests(prompts, params, tag=tag))
+        return Outputs(self.output(s) for s in seqs)
+
+    def render_chat(self, conversation, untrusted=False, add_generation_prompt=True):
+        """Token ids of a conversation under the model's chat template (see chat.render_chat)."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so no chat template")
+        return render_chat(self.tokenizer, conversation, add_generation_prompt=add_generation_prompt, untrusted=untrusted)
+
+    def chat_prompts(self, conversations, untrusted=False):
+        """Token ids of each conversation (one conversation, or a list of them)."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        return [self.render_chat(c, untrusted) for c in conversations]
+
+    def chat(self, conversations, params=None, untrusted=False, *, tag=None):
+        """Generate replies to conversations (lists of {"role", "content"[, "untrusted"]} messages)."""
+        return self.generate(self.chat_prompts(conversations, untrusted), params, tag=tag)
+
+    def logits(self, prompts, *, tag=None):
+        """Next-token logits (fp32, [len(prompts), vocab]) after each prompt or session, in one batched
+        forward pass when the prompts fit in max_batch_tokens. Sessions stay where they are."""
+        seqs = self.run_until_done(self.add_requests(prompts, logits=True, tag=tag))
+        return torch.stack([s.logits for s in seqs])
+
+    def candidate_token_ids(self, candidates):
+        """The first token of each candidate continuation (tokenized as plain text)."""
+        ids = []
+        for c in candidates:
+            tokens = plain_text_ids(self.tokenizer, c) if isinstance(c, str) else [int(c)]
+            if not tokens:
+                raise ValueError(f"candidate {c!r} has no tokens")
+            ids.append(tokens[0])
+        return ids
+
+    def score(self, prompts, candidates, *, tag=None):
+        """For each prompt, {candidate: log-probability of the candidate's first token as the next token}.
+
+        candidates: one list for every prompt, or one list per prompt. One batched forward pass."""
+        prompts = prompt_list(prompts)
+        per_prompt = candidate_lists(prompts, candidates)
+        return self.logprobs_of(self.logits(prompts, tag=tag), per_prompt)
+
+    def logprobs_of(self, logits, per_prompt):
+        logprobs = log_softmax_rows(logits)
+        return [dict(zip(cands, logprobs[i, self.candidate_token_ids(cands)].tolist()))
+                for i, cands in enumerate(per_prompt)]
+
+    # -- sessions -----------------------------------------------------------------------------------
+    def open_session(self, prompt, *, tag=None):
+        """A pinned sequence for round-robin turns; its KV stays cached until close_session. Its requests
+        carry `tag` unless they are given their own."""
+        ids = self.encode(prompt)
+        self.check_fits(len(ids), "session prompt")
+        return Session(Sequence(self.new_request_id(), ids, None, pinned=True, status=Status.IDLE), tag)
+
+    def extend(self, session, tokens_or_text):
+        """Append tokens (ids, or text tokenized as plain untrusted text) to the session; only they get
+        prefilled on the next continue_."""
+        check_idle(session)
+        if isinstance(tokens_or_text, str):
+            ids = plain_text_ids(self.tokenizer, tokens_or_text)
+        else:
+            ids = [int(t) for t in tokens_or_text]
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(f"token ids {bad[:5]} are outside the vocabulary")
+        self.check_fits(session.num_tokens + len(ids), "extended session")
+        session.seq.token_ids.extend(ids)
+        return len(ids)
+
+    def continue_(self, sessions, params=None, *, tag=None):
+        """Generate from where each session stands, keeping the KV; the tokens join the session."""
+        seqs = self.run_until_done(self.add_requests(sessions, params, tag=tag))
+        return Outputs(self.output(s) for s in seqs)
+
+    def close_session(self, session):
+        """Free the session's blocks, whatever it is doing: a request in flight on it is aborted first."""
+        if not isinstance(session, Session):
+            raise TypeError(f"expected a Session, got {type(session).__name__}")
+        if session.seq.status is Status.CLOSED:
+            return
+        self.abort(session.seq)
+        self.block_manager.release(session.seq)
+        session.seq.status = Status.CLOSED
+
+
+def check_idle(session):
+    if not isinstance(session, Session):
+        raise TypeError(f"expected a Session, got {type(session).__name__}")
+    if session.seq.status is not Status.IDLE:
+        raise ValueError(f"{session} is not idle: it is closed or has a request in flight")
