@@ -19,7 +19,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 from ..paths import cache_root
 

@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from ..backends.params import SamplingParams  # the request vocabulary belongs to the LLM interface
+from ..backends.params import SamplingParams  # noqa: F401 - the request vocabulary belongs to the LLM interface
 from ..kernels import cpu_ext
 
 
