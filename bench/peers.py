@@ -3,7 +3,7 @@
     python bench/peers.py --vllm-python /tmp/vllm-venv/bin/python \\
         [--workloads throughput,rr,sac,maj] [--batches 1,8,32,64] [--prompt-lens 128,1024] [--new 64] \\
         [--repeats 3] [--questions 8] [--sac-problems 4] [--sac-modes generate,logprob] [--sac-temperature 0] [--dtype float32] \\
-        [--vllm-speculative K]
+        [--vllm-speculative K] [--before TREE]
 
 Workloads (model: the embedded smollm2-135m, fp32 unless --dtype bfloat16, which runs every side's weights,
 activations and KV cache in bf16, CPU):
@@ -298,14 +298,20 @@ def project_worker(side, workload, spec):
 # The parent: starts the workers, alternates them, collects and records.
 
 class Worker:
-    def __init__(self, side, workload, python, spec, log, env=None):
+    def __init__(self, side, workload, python, spec, log, env=None, tree=ROOT):
+        """`tree`: the checkout whose bench/peers.py and byzantium package the worker runs (--before: an
+        earlier commit's, as side "byzantium-before")."""
         self.side, self.workload = side, workload
         path = log.parent / f"{log.stem}.{side}.{workload}.spec.json"
         path.write_text(json.dumps(spec))
         self.log = open(log.parent / f"{log.stem}.{side}.{workload}.log", "w")
-        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--worker", f"{side}:{workload}",
-                                      "--spec", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+        env = {**os.environ, **(env or {})}
+        if tree != ROOT:
+            env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        worker_side = side.removesuffix("-before")
+        self.proc = subprocess.Popen([python, str(Path(tree) / "bench" / "peers.py"), "--worker",
+                                      f"{worker_side}:{workload}", "--spec", str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=tree, env=env)
 
     def read(self):
         for line in self.proc.stdout:
@@ -363,7 +369,8 @@ def run_workload(workload, sides, pythons, spec, args, log, env_vllm, into):
     try:
         for side in sides:
             python = pythons["vllm"] if side == "vllm" and workload in ("throughput", "rr") else sys.executable
-            workers[side] = w = Worker(side, workload, python, spec, log, env_vllm if side == "vllm" else None)
+            tree = args.before if side == "byzantium-before" else ROOT
+            workers[side] = w = Worker(side, workload, python, spec, log, env_vllm if side == "vllm" else None, tree)
         into["versions"] = {side: w.read()["versions"] for side, w in workers.items()}
         if workload == "throughput":
             configs = [dict(prompt_len=p, batch=b, new=args.new) for p in args.prompt_lens for b in args.batches]
@@ -414,9 +421,11 @@ def tables(results, sides):
     """Markdown: one table per workload, medians (min-max) and the ratios of the medians."""
     lines = []
     if "throughput" in results:
+        before = "byzantium-before" in sides
         lines += ["### Throughput (tok/s; random prompts, EOS ignored)", "",
-                  "| prompt | batch | phase | Byzantium | vLLM | transformers | Byz/vLLM | Byz/transformers |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| prompt | batch | phase | Byzantium | vLLM | transformers | Byz/vLLM | Byz/transformers |"
+                  + (" Byzantium before | Byz/before |" if before else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|---|" if before else "")]
         for row in results["throughput"]["rows"]:
             c = row["config"]
             for phase in ("prefill", "decode"):
@@ -424,7 +433,9 @@ def tables(results, sides):
                 lines.append(f"| {c['prompt_len']} | {c['batch']} | {phase} | {fmt(m.get('byzantium'))} | "
                              f"{fmt(m.get('vllm'))} | {fmt(m.get('transformers'))} | "
                              f"{ratio(m.get('byzantium'), m.get('vllm'))} | "
-                             f"{ratio(m.get('byzantium'), m.get('transformers'))} |")
+                             f"{ratio(m.get('byzantium'), m.get('transformers'))} |"
+                             + (f" {fmt(m.get('byzantium-before'))} | {ratio(m.get('byzantium'), m.get('byzantium-before'))} |"
+                                if before else ""))
         lines.append("")
     names = {"rr": "RRMaj workload (generated tok/s; wall time s)", "maj": "MAJ (generated tok/s; wall time s)"}
     for wl in ("rr", "maj"):
@@ -473,6 +484,9 @@ def main():
     ap.add_argument("--vllm-python", default=None,
                     help="python of a venv with vllm (default: this interpreter if it imports vllm, else skip)")
     ap.add_argument("--sides", default="byzantium,vllm,transformers")
+    ap.add_argument("--before", default=None, metavar="TREE",
+                    help="also run Byzantium from this checkout (e.g. `git worktree add /tmp/before REV`), as side "
+                         "byzantium-before, alternating with the others: a change's cost measured in one run")
     ap.add_argument("--vllm-speculative", type=int, default=0, metavar="K",
                     help="rr, sac, maj: vLLM with its n-gram speculation, K draft tokens (default 0: off, its default)")
     ap.add_argument("--port", type=int, default=8642)
@@ -498,6 +512,11 @@ def main():
     args.prompt_lens = [int(p) for p in args.prompt_lens.split(",")]
     workloads = args.workloads.split(",")
     sides = args.sides.split(",")
+    if args.before:
+        if not (Path(args.before) / "byzantium").is_dir():
+            ap.error(f"--before {args.before}: not a checkout of this project (no byzantium/ in it)")
+        args.before = str(Path(args.before).resolve())
+        sides.append("byzantium-before")
     skipped, vllm_version = {}, None
     if "vllm" in sides:
         python = args.vllm_python
