@@ -1,5 +1,5 @@
 """Every answer reader over every data set of a data directory, with the current answer readers
-(byzantium/tasks/answers.py) and with the version from before issue 30 (git 0734688 by default).
+(byzantium/tasks/answers/) and with answers.py from before issue 30 (git 0734688 by default).
 
 The replies are realistic answer strings built from each gold (the gold itself, "The answer is X.",
 \\boxed{X}, a unit word, a reordered list, an option's value in other spacing or currency, ...) and the

@@ -11,7 +11,8 @@ import platform
 import statistics
 import time
 
-from byzantium.tasks.sandbox import check_humaneval, run_code
+from byzantium.tasks.humaneval import check_humaneval
+from byzantium.tasks.sandbox import run_code
 
 PROBLEM = {"prompt": "def double(x: int) -> int:\n    \"\"\"Return 2 * x.\"\"\"\n", "entry_point": "double",
            "test": "def check(candidate):\n    assert candidate(3) == 6\n    assert candidate(-1) == -2\n"}

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from byzantium.tasks import sandbox
-from byzantium.tasks.sandbox import SandboxUnavailable, check_humaneval, extract_code, run_code, solution_program
+from byzantium.tasks.humaneval import check_humaneval, extract_code, solution_program
+from byzantium.tasks.sandbox import SandboxUnavailable, run_code
 
 PROBLEM = {  # a tiny HumanEval-format problem of our own
     "prompt": 'import math\n\n\ndef helper(x):\n    return x\n\n\ndef double(x: int) -> int:\n    """ Return 2 * x.\n'

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from byzantium.tasks.sandbox import check_humaneval
+from byzantium.tasks.humaneval import check_humaneval
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "HumanEval.jsonl.gz"
 

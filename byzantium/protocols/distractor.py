@@ -8,7 +8,7 @@ import re
 from itertools import islice
 
 from ..tasks import normalize_answer
-from ..tasks.answers import VERDICTS
+from ..tasks.answers.judgements import VERDICTS
 
 
 def distractor(task, seed=0) -> str:

@@ -8,7 +8,7 @@ on how many are asked for.
 import itertools
 import random
 
-from .answers import LETTERS
+from .answers.choice import LETTERS
 from .record import Task
 
 PEOPLE = ["Alice", "Bob", "Claire", "Dave", "Eve", "Fred", "Gertrude"]

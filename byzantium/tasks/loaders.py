@@ -13,7 +13,8 @@ import random
 import re
 from pathlib import Path
 
-from .answers import LETTERS, last_boxed
+from .answers.choice import LETTERS
+from .answers.reading import last_boxed
 from .record import Task
 
 FORMATS = ("math500", "gsm8k", "aqua", "bbh", "arc", "boolq", "obqa", "rte", "hellaswag")
@@ -96,7 +97,7 @@ def load_jsonl(path, format=None, limit=None, seed=None):
     fmt = format or detect_format(records[0])
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; known: {FORMATS}")
-    return _select([parse_record(r, fmt, i) for i, r in enumerate(records)], limit, seed)
+    return pick_tasks([parse_record(r, fmt, i) for i, r in enumerate(records)], limit, seed)
 
 
 def load_hub(name, config=None, split=None, format=None, limit=None, seed=None):
@@ -121,7 +122,7 @@ def load_hub(name, config=None, split=None, format=None, limit=None, seed=None):
     if not records:
         raise ValueError(f"{hub_id}: no records")
     fmt = format or detect_format(records[0])
-    return _select([parse_record(r, fmt, i) for i, r in enumerate(records)], limit, seed)
+    return pick_tasks([parse_record(r, fmt, i) for i, r in enumerate(records)], limit, seed)
 
 
 def sample_tasks(tasks, n, seed=0):
@@ -133,7 +134,8 @@ def sample_tasks(tasks, n, seed=0):
     return [tasks[i] for i in keep]
 
 
-def _select(tasks, limit, seed):
+def pick_tasks(tasks, limit, seed):
+    """The tasks a load returns: all of them, shuffled by `seed` when one is given, then the first `limit`."""
     if seed is not None:
         tasks = list(tasks)
         random.Random(seed).shuffle(tasks)

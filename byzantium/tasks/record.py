@@ -2,7 +2,9 @@
 
 from dataclasses import dataclass, field
 
-from .answers import KINDS, LETTERS, VERDICTS, extract_answer, is_correct
+from .answers import KINDS, extract_answer, is_correct
+from .answers.choice import LETTERS
+from .answers.judgements import VERDICTS
 
 
 @dataclass

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from .answers import is_correct
 from .generators import gen_arith
-from .loaders import _select, read_records
+from .humaneval import check_humaneval
+from .loaders import pick_tasks, read_records
 from .record import Task
-from .sandbox import check_humaneval
 
 RESILIENCE_TASKS = ("humaneval", "ciar", "commonmt", "faireval")
 BUILTIN_TASKS = ("gen-code", "gen-arith")  # tiny problem sets for end-to-end tests, no files
@@ -71,7 +71,7 @@ def load_resilience_task(name, path=None, limit=None, seed=None):
     records = read_records(path)
     if not records:
         raise ValueError(f"{path}: no records")
-    return _select([parse_resilience_record(r, name, i) for i, r in enumerate(records)], limit, seed)
+    return pick_tasks([parse_resilience_record(r, name, i) for i, r in enumerate(records)], limit, seed)
 
 
 def detect_resilience_format(rec):
@@ -168,8 +168,8 @@ _PARSERS = {"humaneval": code_task, "ciar": _ciar, "commonmt": _commonmt, "faire
 def load_faireval(path, limit=None, seed=None, first="gpt35"):
     """FairEval with either model's answer shown first (positional bias is what FairEval studies)."""
     records = read_records(path)
-    return _select([parse_resilience_record(r, "faireval", i, first=first) for i, r in enumerate(records)],
-                   limit, seed)
+    return pick_tasks([parse_resilience_record(r, "faireval", i, first=first) for i, r in enumerate(records)],
+                      limit, seed)
 
 
 # --------------------------------------------------------------------------------------- gen-code

@@ -1,0 +1,43 @@
+"""The time limit every sympy call runs under, so that a pathological answer from an adversarial
+agent cannot hang a run."""
+
+import signal
+import threading
+
+SYMPY_SECONDS = 2.0
+
+
+class _Timeout(Exception):
+    pass
+
+
+def timed(fn, seconds):
+    """fn() or None if it takes longer than `seconds`. SIGALRM interrupts it on the main thread;
+    elsewhere it runs on a daemon thread that is abandoned on timeout."""
+    use_signal = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+                  and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if use_signal:
+        def alarm(*_):
+            raise _Timeout
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return fn()
+        except _Timeout:
+            return None
+        except Exception:
+            return None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    box = []
+
+    def run():
+        try:
+            box.append(fn())
+        except Exception:
+            box.append(None)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    return box[0] if box else None
