@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from byzantium.cli import load_questions, parser
-from byzantium.sweep_config import ConfigError, find_file, load_sweep
+from byzantium.cli import parser
+from byzantium.commands import load_questions
+from byzantium.sweep.config import ConfigError, find_file, load_sweep
 
 L70, SCOUT = "meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-4-Scout-17B-16E-Instruct"
 MISTRAL, Q25, Q3 = "mistralai/Mistral-Small-3.1-24B-Instruct-2503", "Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen3-30B-A3B"

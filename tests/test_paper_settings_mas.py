@@ -2,7 +2,7 @@
 from the paper, not from the file): a drift in the file fails here."""
 import pytest
 
-from byzantium.sweep_config import load_sweep
+from byzantium.sweep.config import load_sweep
 
 SYSTEMS = {"metagpt": "linear", "self-collab": "linear", "camel": "flat", "spp": "flat", "mad": "hierarchical",
            "agentverse": "hierarchical"}

@@ -14,8 +14,8 @@ from byzantium.protocols import prompts
 from byzantium.tasks import get_task
 from byzantium.experiments.report_cells import matches
 from byzantium.protocols.metrics import first_honest_vote, instance_metrics
-from byzantium.sweep import describe
-from byzantium.sweep_config import load_sweep
+from byzantium.sweep.config import load_sweep
+from byzantium.sweep.dry_run import describe
 
 QWEN = ("Qwen/Qwen3-4B", "Qwen/Qwen2.5-1.5B-Instruct")  # (strong, weak): open-weight experiments
 GPT_MATH = ("gpt-4o-mini", "gpt-3.5-turbo")  # (strong, weak): closed weights on Hendrycks MATH

@@ -9,15 +9,21 @@ import math
 import pytest
 
 import byzantium.backends
-from byzantium.experiments.resilience import (PAPER_DROPS, cmd_resilience, format_report, parser,
-                                              resilience_report, run_resilience_experiment, run_resilience_sweep,
-                                              run_resilience_sweep_async)
+from byzantium.cli import parser
+from byzantium.experiments.resilience import run_resilience_experiment, run_resilience_sweep, run_resilience_sweep_async
+from byzantium.experiments.resilience_command import cmd_resilience
+from byzantium.experiments.resilience_table import PAPER_DROPS, format_report, resilience_report
 from byzantium.protocols.resilience import SYSTEMS
 from byzantium.protocols.resilience.autoinject import INJECT_SYSTEM
 from byzantium.protocols.resilience.autotransform import TRANSFORM_SYSTEM
 from byzantium.protocols.resilience.challenger import DUTY
 from byzantium.protocols.resilience.inspector import INSPECTOR_SYSTEM
 from byzantium.tasks.resilience import load_resilience_task
+
+
+def parse(argv):
+    """`byzantium run resilience ARGV` through the CLI's parser."""
+    return parser().parse_args(["run", "resilience", *argv])
 
 
 class Scripted:
@@ -280,7 +286,7 @@ def no_loading(monkeypatch):
     (["--model", "no-such-model"], "no-such-model"),
 ])
 def test_bad_settings_are_refused_before_loading(extra, problem, no_loading, tmp_path):
-    args = parser().parse_args(["--out", str(tmp_path / "o"), *extra])
+    args = parse(["--out", str(tmp_path / "o"), *extra])
     with pytest.raises(ValueError, match=problem):
         cmd_resilience(args)
     assert not (tmp_path / "o").exists()
@@ -290,8 +296,8 @@ def test_bad_settings_are_refused_before_loading(extra, problem, no_loading, tmp
                                          ("defense", "guard"), ("error_type", "lexical")])
 def test_unknown_choices_name_the_choices(flag, value, no_loading):
     with pytest.raises(SystemExit):  # the parser refuses it ...
-        parser().parse_args([f"--{flag.replace('_', '-')}", value])
-    args = parser().parse_args([])
+        parse([f"--{flag.replace('_', '-')}", value])
+    args = parse([])
     setattr(args, flag, value)
     with pytest.raises(ValueError, match=f"unknown --{flag.replace('_', '-')} '{value}'; choose one of"):
         cmd_resilience(args)  # ... and so does the command, for callers that build args themselves
@@ -302,7 +308,7 @@ def test_the_experiment_does_not_import_the_cli():
     import ast
     from pathlib import Path
 
-    import byzantium.experiments.resilience as module
+    import byzantium.experiments.resilience_command as module
     from byzantium.backends import check_model, check_models
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -313,17 +319,17 @@ def test_the_experiment_does_not_import_the_cli():
 
 
 def test_flags_and_defaults():
-    a = parser().parse_args([])
+    a = parse([])
     assert (a.system, a.task, a.data, a.fault, a.pm, a.pe, a.error_type, a.faulty_role, a.defense) == \
         ("self-collab", "gen-code", None, "none", 1.0, 0.2, "semantic", None, "none")
     assert (a.model, a.backend, a.limit, a.seed, a.out, a.sweep, a.concurrency) == \
         (None, "native", None, 0, None, False, 64)
-    a = parser().parse_args(["--system", "all", "--task", "faireval", "--data", "d", "--fault", "autotransform",
-                             "--pm", "0.5", "--pe", "0.4", "--error-type", "syntactic", "--faulty-role", "judge",
-                             "--defense", "both", "--model", "m", "--backend", "hf", "--limit", "4", "--seed", "2",
-                             "--out", "o", "--sweep", "--rounds", "3", "--max-tokens", "9",
-                             "--fault-max-tokens", "8", "--inspector-max-tokens", "7", "--concurrency", "5",
-                             "--no-progress", "--device", "cpu", "--dtype", "float32"])
+    a = parse(["--system", "all", "--task", "faireval", "--data", "d", "--fault", "autotransform",
+               "--pm", "0.5", "--pe", "0.4", "--error-type", "syntactic", "--faulty-role", "judge",
+               "--defense", "both", "--model", "m", "--backend", "hf", "--limit", "4", "--seed", "2",
+               "--out", "o", "--sweep", "--rounds", "3", "--max-tokens", "9",
+               "--fault-max-tokens", "8", "--inspector-max-tokens", "7", "--concurrency", "5",
+               "--no-progress", "--device", "cpu", "--dtype", "float32"])
     assert (a.system, a.task, a.data, a.fault, a.pm, a.pe, a.error_type, a.faulty_role, a.defense) == \
         ("all", "faireval", "d", "autotransform", 0.5, 0.4, "syntactic", "judge", "both")
     assert (a.model, a.backend, a.limit, a.seed, a.out, a.sweep, a.rounds, a.max_tokens) == \
@@ -357,7 +363,7 @@ def test_cli_sweep_runs_resumes_and_refuses_another_config(monkeypatch, tmp_path
     scripted_pool(monkeypatch, arith(2))
     argv = ["--system", "all", "--sweep", "--task", "gen-arith", "--limit", "2", "--fault", "autoinject",
             "--pe", "1", "--defense", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
-    cmd_resilience(parser().parse_args(argv))
+    cmd_resilience(parse(argv))
     top = json.loads((tmp_path / "summary.json").read_text())
     assert len(top["rows"]) == 6 and len(top["runs"]) == 18 and len(top["structures"]) == 3
     assert all(r["drop"] == 100 and r["recovered"] == 1.0 for r in top["rows"])
@@ -370,18 +376,18 @@ def test_cli_sweep_runs_resumes_and_refuses_another_config(monkeypatch, tmp_path
     assert "Means by structure" in capsys.readouterr().out
 
     monkeypatch.setattr(byzantium.backends, "LLMPool", lambda *a, **k: pytest.fail("loaded a model"))
-    cmd_resilience(parser().parse_args(argv))
+    cmd_resilience(parse(argv))
     out = capsys.readouterr().out
     assert "already done" in out and "| agentverse | hierarchical |" in out
     with pytest.raises(ValueError, match="different configuration.*pe"):
-        cmd_resilience(parser().parse_args(argv + ["--pe", "0.5"]))
+        cmd_resilience(parse(argv + ["--pe", "0.5"]))
 
 
 def test_cli_single_run_default_out(monkeypatch, tmp_path, capsys):
     scripted_pool(monkeypatch, arith(1))
     monkeypatch.chdir(tmp_path)
-    cmd_resilience(parser().parse_args(["--system", "mad", "--task", "gen-arith", "--limit", "1", "--fault",
-                                        "autoinject", "--defense", "inspector", "--rounds", "1", "--no-progress"]))
+    cmd_resilience(parse(["--system", "mad", "--task", "gen-arith", "--limit", "1", "--fault",
+                          "autoinject", "--defense", "inspector", "--rounds", "1", "--no-progress"]))
     out = tmp_path / "runs" / "resilience" / "gen-arith" / "mad" / "autoinject+inspector"
     records, s = read(out)
     assert len(records) == 1 and s["config"]["defense"] == "inspector" and s["config"]["rounds"] == 1

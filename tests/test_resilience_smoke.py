@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from byzantium.sweep_config import load_sweep
+from byzantium.sweep.config import load_sweep
 
 
 def test_mas_main_smoke_autoinject_injects_on_the_embedded_model(tmp_path):

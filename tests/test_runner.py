@@ -206,8 +206,8 @@ def test_cancellation_still_stops_the_run(tmp_path):
 
 
 def test_callers_do_not_count_error_rows_as_done(tmp_path, capsys):
-    from byzantium.cli import already_done
-    from byzantium.experiments.resilience import _all_done
+    from byzantium.commands import already_done
+    from byzantium.experiments.resilience_command import _all_done
 
     async def solve(item):
         if item.id == "b":

@@ -626,18 +626,20 @@ def test_a_missing_protection_is_named_and_refused_unless_accepted(monkeypatch):
 
 
 def test_resilience_refuses_code_tasks_before_any_model_loads(monkeypatch):
-    from byzantium.experiments.resilience import parser, prepare_resilience
+    from byzantium.cli import parser
+    from byzantium.experiments.resilience_command import prepare_resilience
     from byzantium.tasks.cgroup import CgroupUnavailable
 
     def unavailable(cls, limit):
         raise CgroupUnavailable("not delegated")
     monkeypatch.setattr(sandbox.MemoryCgroup, "create", classmethod(unavailable))
-    monkeypatch.setattr("byzantium.experiments.resilience.check_models",
+    monkeypatch.setattr("byzantium.experiments.resilience_command.check_models",
                         lambda *a: pytest.fail("the models were checked before the sandbox"))
     with pytest.raises(ValueError, match="--sandbox-allow-missing"):
-        prepare_resilience(parser().parse_args(["--task", "gen-code", "--limit", "2"]))
-    monkeypatch.setattr("byzantium.experiments.resilience.check_models", lambda *a: None)
-    args = parser().parse_args(["--task", "gen-code", "--limit", "2", "--sandbox-allow-missing", "memory_cgroup"])
+        prepare_resilience(parser().parse_args(["run", "resilience", "--task", "gen-code", "--limit", "2"]))
+    monkeypatch.setattr("byzantium.experiments.resilience_command.check_models", lambda *a: None)
+    args = parser().parse_args(["run", "resilience", "--task", "gen-code", "--limit", "2", "--sandbox-allow-missing",
+                                "memory_cgroup"])
     assert len(prepare_resilience(args)[1]) == 2
 
 

@@ -12,8 +12,10 @@ import pytest
 import byzantium.backends
 from byzantium.backends.native import NativeLLM
 from byzantium.cli import main
-from byzantium.sweep import SWEEP, Borrowed
-from byzantium.sweep_config import ConfigError, load_sweep, needed_len
+from byzantium.sweep.config import ConfigError, load_sweep
+from byzantium.sweep.needs import needed_len
+from byzantium.sweep.pool import Borrowed
+from byzantium.sweep.running import SWEEP
 
 CONFIGS = sorted((Path(byzantium.__file__).parent / "experiments" / "configs").glob("*.toml"))
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # the real datasets, next to the repo
@@ -363,7 +365,7 @@ def test_dry_run_counts_problems_from_data_limit_and_generators(tmp_path, no_loa
 
 
 def test_dry_run_weights_fit_and_rates(tmp_path, no_loading, capsys, monkeypatch):
-    import byzantium.sweep as sweep_mod
+    import byzantium.sweep.dry_run as sweep_mod
     bench = tmp_path / "bench"
     bench.mkdir()
     (bench / "engine_throughput.json").write_text(json.dumps({"model": "smollm2-135m", "device": "cuda", "rows": [
@@ -400,12 +402,12 @@ def test_dry_run_weights_fit_and_rates(tmp_path, no_loading, capsys, monkeypatch
     (None, 135e6), ("gpt-3.5-turbo", None), ("someone/Foo-20B-64E", None),
 ])
 def test_parameters_from_a_models_name(name, params):
-    from byzantium.sweep import model_params
+    from byzantium.sweep.dry_run import model_params
     assert model_params(name)[0] == params
 
 
 def test_generated_tokens_per_method(tmp_path):
-    from byzantium.sweep import cell_tokens
+    from byzantium.sweep.dry_run import cell_tokens
     path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = ["maj", "rr", "rrmaj"]') +
                       "agents = 4\nmax_len = 50\ntrajectories = 3\n")
     assert {c.method: cell_tokens(c) for c in load_sweep(path).cells} == {"maj": 200, "rr": 50, "rrmaj": 150}

@@ -16,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+from ..commands import Command
 from ..protocols.attacks import make_agents
 from ..protocols.round_robin import rr_majority
 from ..protocols.rr_analysis import config_label, sweep_markdown, sweep_table
@@ -28,6 +29,7 @@ from .runner import to_json
 
 DATASET = "gen-sum"
 METHODS = ("maj", "rrmaj")
+DEMO_QUESTIONS = 20  # `byzantium demo`: questions per configuration (about 2-3 minutes on 2 CPU cores)
 
 
 def _mean(values):
@@ -79,7 +81,7 @@ def distinct(records, method, c):
     return _mean([len({x["text"] for x in r[items]}) for r in records if r["method"] == method and r["c"] == c])
 
 
-def run_demo(questions=20, out="runs/demo", model=None, corrupt=range(6), n=5, k=8, max_len=24, m=None,
+def run_demo(questions=DEMO_QUESTIONS, out="runs/demo", model=None, corrupt=range(6), n=5, k=8, max_len=24, m=None,
              temperature=TEMPERATURE, seed=0, progress=True, order="shuffle") -> dict:
     """Run the sweep; print the table; write OUT/summary.md, sweep.png and results.jsonl.
     Returns {"table", "ceiling", "single_clean_agent", "distinct", "verdict", "seconds", "engine",
@@ -160,6 +162,20 @@ def run_demo(questions=20, out="runs/demo", model=None, corrupt=range(6), n=5, k
     print(f"written: {out / 'summary.md'}, {out / 'sweep.png'}, {out / 'results.jsonl'}")
     return dict(table=table, ceiling=ceiling, single_clean_agent=single, distinct=spread, verdict=says,
                 seconds=seconds, engine=engine, markdown=markdown)
+
+
+def add_demo_args(ap):
+    ap.add_argument("--questions", type=int, default=DEMO_QUESTIONS, help=f"generated sums (default {DEMO_QUESTIONS})")
+    ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_demo(args):
+    run_demo(questions=args.questions, out=args.out, progress=not args.no_progress)
+
+
+COMMAND = Command("demo", "MAJ vs RRMaj across the corruption sweep on the embedded model (a few minutes)",
+                  add_demo_args, cmd_demo)
 
 
 __all__ = ["run_demo", "plot_sweep", "verdict"]

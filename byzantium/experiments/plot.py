@@ -15,6 +15,7 @@ bars carry their values.
 """
 from pathlib import Path
 
+from ..commands import Command
 from . import report_data as data
 from .report_cells import load_cells
 
@@ -259,12 +260,20 @@ def make_plots(dirs, out=None) -> list:
     return written
 
 
+def add_plot_args(ap):
+    ap.add_argument("dirs", nargs="+", metavar="DIR", help="sweep directories (sweep.json) or run directories")
+    ap.add_argument("--out", default=None, metavar="PLOTDIR", help="where the PNGs go (default: the first DIR/plots)")
+
+
 def cmd_plot(args):
     written = make_plots(args.dirs, args.out)
     if not written:
         print("no plot: the directories hold nothing that can be plotted")
     for path in written:
         print(f"wrote {path}")
+
+
+COMMAND = Command("plot", "the papers' figures (PNG) from sweep or run directories", add_plot_args, cmd_plot)
 
 
 __all__ = ["PLOTS", "make_plots", "cmd_plot"]

@@ -16,6 +16,10 @@ and printed: the engine, and per tag and phase the tokens, seconds, tokens/s and
 from contextlib import nullcontext
 from pathlib import Path
 
+from ..commands import Command
+from .resilience_command import prepare_resilience
+from .run_command import add_run_methods
+
 
 def add_profile_args(ap):
     ap.add_argument("--torch-profiler", action="store_true",
@@ -175,7 +179,6 @@ def run_out_dir(args):
     if args.out is not None:
         return Path(args.out)
     if args.method == "resilience":
-        from .resilience import prepare_resilience
         return Path(prepare_resilience(args)[3])
     return Path(f"runs/{args.method}")
 
@@ -209,3 +212,17 @@ def profile_run(args):
         print(r["table"])
         print("written: " + ", ".join(str(f) for f in r["files"].values()))
     return reports
+
+
+def add_profiled_run(profile):
+    """`profile run <method> ...`: each method of `byzantium run` with its flags and the profiler's; the
+    method's own command runs inside profile_run (args.run)."""
+    profiled = profile.add_subparsers(dest="profiled", required=True, metavar="run")
+    methods = add_run_methods(profiled.add_parser("run", help="the same flags as `byzantium run`"))
+    for method in methods.values():
+        add_profile_args(method)
+        method.set_defaults(func=profile_run, run=method.get_default("func"))
+
+
+COMMAND = Command("profile", "`profile run <method> ...`: a run with the engine profiling; profile.json, "
+                             "trace.json, profile.png in its out dir", add_profiled_run)

@@ -14,6 +14,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..commands import Command
 from . import report_data as data
 from .report_cells import format_published, load_cells, matches, metric_name, short_model
 
@@ -317,6 +318,12 @@ def render(tables, fmt="md") -> str:
     return "\n".join((_md if fmt == "md" else _tex)(t) for t in tables)
 
 
+def add_report_args(ap):
+    ap.add_argument("dirs", nargs="+", metavar="DIR", help="sweep directories (sweep.json) or run directories")
+    ap.add_argument("--format", default="md", help="md (default), csv or tex")
+    ap.add_argument("--out", default=None, metavar="FILE", help="write the report here (default: print it)")
+
+
 def cmd_report(args):
     if args.format not in FORMATS:
         raise ValueError(f"unknown --format {args.format!r}; choose one of {', '.join(FORMATS)}")
@@ -327,6 +334,10 @@ def cmd_report(args):
         print(f"report written to {args.out}")
     else:
         print(text, end="")
+
+
+COMMAND = Command("report", "the papers' tables from sweep or run directories (md, csv or tex)",
+                  add_report_args, cmd_report)
 
 
 __all__ = ["FORMATS", "Table", "pct", "build_report", "render", "tex_escape", "cmd_report"]

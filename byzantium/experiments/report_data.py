@@ -3,7 +3,7 @@
 Each analysis returns plain dicts (accuracies as (point, lo, hi) with a 95 % bootstrap interval over
 problems) or [] / None when the cells do not support it; report.py renders them as tables and plot.py
 draws them. The Consensus Trap analyses reuse protocols/rr_analysis.py; resilience reuses
-experiments/resilience.resilience_report.
+experiments/resilience_table.resilience_report.
 """
 import re
 
@@ -255,7 +255,7 @@ def _points(t):
 
 def resilience(cells):
     """resilience_report's rows and means by structure, each score with its interval (points), or None."""
-    from .resilience import FAULT_KEYS, resilience_report
+    from .resilience_table import FAULT_KEYS, resilience_report
     runs = [c for c in cells if c.method == "resilience" and c.summary]
     if not runs:
         return None

@@ -1,0 +1,124 @@
+"""`byzantium run sac|cpwbft ...`: the flags of SAC and CP-WBFT ("Robust Multi-Agent LLMs under
+Byzantine Faults"), their checks before any model loads (the graph included), and the run
+(experiments/sac.py).
+
+    byzantium run sac --agents 7 --weak 2 --byzantine 1 --adversary fixed --f 3 --rounds 6 \
+        --topology merg --task gen-arith --limit 20 --score-mode logprob --out runs/sac
+"""
+from functools import partial
+
+from ..backends import DEFAULT_MODEL, SamplingParams, add_backend_args, check_models, pool_kwargs
+from ..commands import Command, already_done, load_questions, run_pool, task_args
+from ..protocols.prompts import TEMPERATURE
+from .runner import check_resume
+from .sac import check_config, print_table, read_edges, run_experiment, settings
+
+
+def sac_args(ap, protocol):
+    """The flags of `run sac|cpwbft` (the paper's defaults: n=7 = 4 strong, 2 weak, 1 adversarial; F=3; T=6)."""
+    ap.add_argument("--agents", type=int, default=7, help="n agents (default 7)")
+    ap.add_argument("--weak", type=int, default=2, help="faulty agents on the weak model (default 2)")
+    ap.add_argument("--byzantine", type=int, default=1, help="adversarial agents (default 1)")
+    ap.add_argument("--adversary", choices=("fixed", "decoy", "equivocate"), default="fixed",
+                    help="fixed: a cached answer verified wrong; decoy: a model writes a confident, subtly wrong "
+                         "solution; equivocate: a different wrong answer to each neighbour (default fixed)")
+    ap.add_argument("--f", dest="F", type=int, default=3, help="F: neighbours each agent may drop (default 3)")
+    ap.add_argument("--rounds", type=int, default=6, help="T rounds (default 6)")
+    ap.add_argument("--topology", choices=("merg", "complete", "er", "preferential"), default=None,
+                    help="the graph, verified (F+1)-robust (default merg)")
+    ap.add_argument("--graph", default=None, metavar="FILE",
+                    help="instead of --topology: an explicit edge list, JSON [[u, v], ...] on agents 0..n-1 "
+                         "(e.g. another code base's graph), checked like any topology")
+    ap.add_argument("--strong-model", default=None, help="the strong agents' model (default smollm2-135m)")
+    ap.add_argument("--weak-model", default=None, help="the weak agents' model (default: the strong model)")
+    ap.add_argument("--adversary-model", default=None, help="a decoy's model (default: the strong model)")
+    add_backend_args(ap)
+    task_args(ap, 100)
+    ap.add_argument("--score-mode", choices=("generate", "logprob"), default="generate",
+                    help="SAC scoring: the judge writes `Score: x` (generate, default) or one forward pass "
+                         "(logprob)" + ("; CP-WBFT does not score and ignores it" if protocol == "cpwbft" else ""))
+    ap.add_argument("--max-tokens", type=int, default=1000,
+                    help="new tokens per solve, refine or decoy solution (default 1000)")
+    ap.add_argument("--temperature", type=float, default=TEMPERATURE,
+                    help=f"sampling temperature of every call (default {TEMPERATURE}, the paper's); each request "
+                         "is seeded from --seed, the problem, the agent, the round and its purpose")
+    if protocol == "sac":
+        ap.add_argument("--judge-max-tokens", type=int, default=1000,
+                        help="new tokens per judgement in generate mode (default 1000)")
+        ap.add_argument("--logprob-kind", choices=("yes", "digit"), default="yes",
+                        help="logprob scoring: P(Yes) (default) or the expected digit 0..9")
+        ap.add_argument("--ra-ties", choices=("drawn", "first-honest"), default="drawn",
+                        help="a tie in RA's vote of the honest agents: drawn with a key from --seed and the problem "
+                             "(default, as every vote here) or the reference code's first honest agent")
+    else:
+        ap.add_argument("--all-rounds", action="store_true",
+                        help="run all T rounds instead of stopping at the convergence threshold")
+    ap.add_argument("--out", default=None, help=f"output directory (default runs/{protocol})")
+    ap.add_argument("--concurrency", type=int, default=64, help="problems in flight at once (default 64)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def prepare_sac(args):
+    """Check every argument of `run sac|cpwbft` (graph included) and load the questions; loads no model.
+    Returns (sampling params, model names, questions, the --graph edges or None); sets args.topology
+    ("edges" for --graph)."""
+    if args.graph is not None and args.topology is not None:
+        raise ValueError("give --topology or --graph, not both")
+    edges = read_edges(args.graph) if args.graph is not None else None
+    args.topology = "edges" if edges is not None else args.topology or "merg"
+    check_config(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
+                 args.topology, args.seed, args.score_mode, edges)
+    for flag in ("concurrency", "max_tokens", "judge_max_tokens"):
+        value = getattr(args, flag, 1)
+        if value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    params = (SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
+              SamplingParams(max_tokens=getattr(args, "judge_max_tokens", 1000), temperature=args.temperature))
+    strong = args.strong_model or DEFAULT_MODEL
+    weak = args.weak_model or strong  # only one model is embedded: the weak agents default to it
+    adversary = args.adversary_model or strong
+    # Model names by role; None where no agent needs one.
+    models = {"strong": strong, "weak": weak if args.weak else None,
+              "adversary": adversary if args.byzantine and args.adversary == "decoy" else None}
+    tasks = load_questions(args)
+    check_models(args, [m for m in models.values() if m is not None])
+    return params, models, tasks, edges
+
+
+def cmd_run_sac(args):
+    (solve, judge), models, tasks, edges = prepare_sac(args)
+    out = args.out or f"runs/{args.method}"
+    all_rounds = getattr(args, "all_rounds", False)  # CP-WBFT's flag
+    logprob_kind = getattr(args, "logprob_kind", "yes")  # SAC's flag
+    config = dict(models=models, backend=args.backend, task=args.task or ("gen-arith" if args.data is None else None),
+                  data=args.data, graph=args.graph)
+    ra_ties = getattr(args, "ra_ties", "drawn")  # SAC's flag
+    if ra_ties != "drawn":  # recorded only when set, so that earlier runs still resume
+        config["ra_ties"] = ra_ties
+    check_resume(out, settings(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F,
+                               args.rounds, args.topology, args.seed, args.score_mode, logprob_kind, solve, judge,
+                               all_rounds, len(tasks), config, edges))  # before any model loads
+    if already_done(out, tasks, print_table):
+        return
+    with run_pool(args, **pool_kwargs(args)) as pool:
+        pool.plan([m for m in models.values() if m is not None])
+        strong = pool.get(models["strong"])
+        weak = pool.get(models["weak"]) if models["weak"] is not None else None
+        adversary = pool.get(models["adversary"]) if models["adversary"] is not None else None
+        run_experiment(args.method, tasks, strong, weak, adversary, args.agents, args.weak, args.byzantine,
+                       args.adversary, args.F, args.rounds, args.topology, args.seed, args.score_mode,
+                       logprob_kind, solve, judge, all_rounds, out, args.concurrency, config,
+                       progress=not args.no_progress, edges=edges, ra_ties=ra_ties)
+    print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
+
+
+RUN_METHODS = [
+    Command("sac", "Self-Anchored Consensus on an (F+1)-robust graph with Byzantine agents",
+            partial(sac_args, protocol="sac"), cmd_run_sac),
+    Command("cpwbft", "the CP-WBFT baseline (confidence-weighted local updates)",
+            partial(sac_args, protocol="cpwbft"), cmd_run_sac),
+]
