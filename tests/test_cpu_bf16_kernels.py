@@ -1,4 +1,4 @@
-"""The bf16 panel linears (cpu_gemm_bf16.cpp, avx512_bf16) and bf16 norms and rope (cpu_layer_ops_bf16.cpp)
+"""The bf16 panel linears (cpu_gemm.h on avx512_bf16) and bf16 norms and rope (cpu_layer_ops.h on avx512_bf16)
 against fp32 arithmetic on the same bf16 numbers and the torch formulas, and a bf16 engine on them against
 one on torch's linears and layer ops."""
 import pytest

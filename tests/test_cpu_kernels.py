@@ -1,5 +1,6 @@
-"""The compiled CPU kernels against torch: the panel linears (cpu_gemm.cpp, AVX-512 cpu_gemm512.cpp) against
-F.linear, the paged decode attention (cpu_attention.cpp) against kernels/reference.py."""
+"""The compiled CPU kernels against torch: the panel linears (cpu_gemm.h, at AVX2 and AVX-512 width) against
+F.linear, the paged decode attention (cpu_decode.h, both widths) and prefill attention (cpu_prefill.h) against
+kernels/reference.py, the layer ops (cpu_layer_ops.h) against the torch formulas."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -178,7 +179,7 @@ def paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, se
     (2, 2, 1, 64, 16, 1100),   # long context
     (5, 20, 2, 32, 16, 90),    # a group of 10: the AVX-512 kernel takes it in two rounds
 ])
-@pytest.mark.parametrize("avx512", [True, False])  # cpu_decode512.cpp where the CPU has it; cpu_attention.cpp
+@pytest.mark.parametrize("avx512", [True, False])  # AVX-512 width where the CPU has it; AVX2 width
 def test_decode_attention_matches_reference(batch, num_heads, num_kv_heads, head_dim, block_size, max_len, avx512):
     from byzantium.kernels import reference
     q, k_cache, v_cache, lengths, tables = paged_case(batch, num_heads, num_kv_heads, head_dim, block_size, max_len,

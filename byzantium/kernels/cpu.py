@@ -3,7 +3,7 @@ elsewhere.
 
 Decode at batch 32 spent most of its attention time gathering each sequence's K/V out of the block pool;
 the kernel reads them in place (0.37 vs 8.3 ms a layer at batch 32, 176 tokens, SmolLM2's shapes:
-`python bench/kernel_bench.py --cpu`); on CPUs with AVX-512 the decode kernel is cpu_decode512.cpp (a key
+`python bench/kernel_bench.py --cpu`); on CPUs with AVX-512 it runs at AVX-512 width (cpu_decode.h: a key
 row loaded once for every query head that shares it; 0.87 vs 1.05 ms a layer at batch 64 x 200 tokens,
 the pool too large for the caches, on an AMD EPYC Zen 5). An append prefill of a few tokens (a round-robin turn: the other
 agents' tokens added to a session) is the same computation row by row, new token j of a sequence being a
@@ -13,7 +13,7 @@ layer, 5 sequences with 1024 cached tokens, against the gather + SDPA path: 9.3x
 CPUs, so the limit is measured on the machine at hand (`row_limit`, once per head shape, cached with the
 linear choices) and applied per sequence: a sequence's path depends on its own new tokens, not on what
 else is in the step. Longer appends and whole prompts go, on CPUs with AVX-512, to the tiled prefill
-kernel (cpu_prefill_attention.cpp: 48 query rows a tile, K/V read in place; 3.7 vs 11.9 ms a layer for a
+kernel (cpu_prefill.h: 48 query rows a tile, K/V read in place; 3.7 vs 11.9 ms a layer for a
 1024-token prompt against gather + SDPA on an AMD EPYC Zen 5), which then is what the row limit is
 measured against. What the kernels do not cover (another dtype or head size, a device other than the
 CPU, no AVX-512 for prefills) goes to the reference, whose contract they share.
@@ -99,7 +99,7 @@ def _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale):
 
 
 def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
-    """The tiled prefill kernel (cpu_prefill_attention.cpp) where the CPU has AVX-512, the reference elsewhere."""
+    """The tiled prefill kernel (cpu_prefill.h) where the CPU has AVX-512, the reference elsewhere."""
     if not ext.prefill_supported(q.shape[-1]):
         return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
                                                    window)

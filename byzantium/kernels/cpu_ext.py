@@ -2,21 +2,29 @@
 torch version, then cached.
 
     ext = load()            # None when it cannot be had: no AVX2, no C++ compiler, a failed build
-    panels = ext.pack_panels(weight)                  # cpu_gemm.cpp: the linears (engine/layers/linear.py)
+    panels = ext.pack_panels(weight)                  # cpu_gemm.h: the linears (engine/layers/linear.py)
     y = ext.panel_linear(x, panels, bias, weight.shape[0])
     a = ext.panel_glu(x, ext.pack_glu(gate_up_weight), None, I)        # silu(gate) * up, fused
-    if ext.avx512_supported():                        # cpu_gemm512.cpp: the same with AVX-512
+    if ext.avx512_supported():                        # the same with AVX-512
         y = ext.panel_linear512(x, ext.pack_panels512(weight), bias, weight.shape[0])
         a = ext.panel_glu512(x, ext.pack_glu512(gate_up_weight), None, I)  # silu(gate) * up, fused
-    if ext.avx512_bf16_supported():                   # cpu_gemm_bf16.cpp: bf16 models on the bf16 units
+    if ext.avx512_bf16_supported():                   # bf16 models on the bf16 units
         y = ext.panel_linear_bf16(x_bf16, ext.pack_panels_bf16(weight_bf16), bias_fp32, weight.shape[0])
-        h = ext.rms_norm_bf16(x_bf16, weight_bf16, eps)  # cpu_layer_ops_bf16.cpp: bf16 norms and rope
-    out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_attention.cpp,
-                                                      # cpu_decode512.cpp where the CPU has AVX-512
-    if ext.prefill_supported(head_dim):               # cpu_prefill_attention.cpp (AVX-512)
+        h = ext.rms_norm_bf16(x_bf16, weight_bf16, eps)  # cpu_layer_ops.h: bf16 norms and rope
+    out = ext.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale)  # cpu_decode.h, at
+                                                      # AVX-512 width where the CPU has it (avx512=False: AVX2)
+    if ext.prefill_supported(head_dim):               # cpu_prefill.h (AVX-512)
         out = ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
-    h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.cpp
+    h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.h
     token = ext.race_sample(logits, stream_lo, stream_hi)  # cpu_sampling.cpp (engine/sampling.py)
+
+Each kernel is written once, as a template over the SIMD traits of cpu_simd.h (vector width, loads and
+stores of fp32 and bf16, FMA, reductions, bf16 dot products), in a header (cpu_gemm.h, cpu_decode.h,
+cpu_prefill.h, cpu_layer_ops.h), and instantiated per instruction set: cpu_avx2.cpp with the build's flags
+(-mavx2 -mfma), cpu_avx512.cpp and cpu_avx512_bf16.cpp inside their target pragmas, so that no other code
+uses AVX-512 and the library loads on an AVX2-only CPU. The torch side (checks, outputs, threads, and which
+instruction set runs, from the CPU's features) is cpu_gemm.cpp, cpu_attention.cpp and cpu_layer_ops.cpp;
+cpu_kernels.h declares what each instruction set's unit provides.
 
 The build (1-2 minutes on 2 cores; `make demo` and `make test` run it at installation through
 `build_now()`) goes to `$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>` (default
@@ -42,9 +50,11 @@ from ..paths import cache_root
 from .notices import warn_once
 
 SOURCES = [Path(__file__).with_name(name) for name in
-           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_gemm512.cpp", "cpu_gemm_bf16.cpp", "cpu_attention.cpp", "cpu_decode512.cpp",
-            "cpu_prefill_attention.cpp", "cpu_layer_ops.cpp", "cpu_layer_ops_bf16.cpp", "cpu_sampling.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_simd.h", "cpu_panel_schedule.h")]
+           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layer_ops.cpp", "cpu_sampling.cpp",
+            "cpu_avx2.cpp", "cpu_avx512.cpp", "cpu_avx512_bf16.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in
+           ("cpu_simd.h", "cpu_math.h", "cpu_kernels.h", "cpu_gemm.h", "cpu_decode.h", "cpu_prefill.h", "cpu_layer_ops.h",
+            "cpu_panel_schedule.h")]
 
 
 def supported() -> bool:

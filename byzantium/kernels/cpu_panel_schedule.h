@@ -1,4 +1,4 @@
-// How the panel GEMMs (cpu_gemm.cpp, cpu_gemm512.cpp, cpu_gemm_bf16.cpp) share a prefill-sized product between threads.
+// How the panel GEMMs (cpu_gemm.cpp) share a prefill-sized product between threads.
 //
 // Each panel reads every row of x once, so with the rows in one piece x streams from L3 once per panel.
 // Here the rows go in chunks whose slice of x fits in L2 with room to spare, each chunk's panels in order,
