@@ -22,7 +22,9 @@ struct Rows {  // fp32 rows on AVX2, or bf16 rows on avx512_bf16
   static constexpr const char* element = bf16 ? "bf16" : "fp32";
   static const T* in(const torch::Tensor& t) { return (const T*)t.data_ptr(); }
   static T* out(torch::Tensor& t) { return (T*)t.data_ptr(); }
-  static void check_cpu(const char* name) { TORCH_CHECK(!bf16 || avx512_bf16_supported(), name, ": this CPU has no avx512_bf16"); }
+  static void check_cpu(const char* name) {
+    TORCH_CHECK(!bf16 || avx512_bf16_supported(), name, ": this CPU has no avx512_bf16");
+  }
 };
 
 template <class T>
@@ -89,7 +91,9 @@ torch::Tensor rope(const char* name, torch::Tensor x, torch::Tensor cos, torch::
 
 }  // namespace
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) { return norm<float>("rms_norm", x, weight, eps); }
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  return norm<float>("rms_norm", x, weight, eps);
+}
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
                                                       double eps) {
   return add_norm<float>("add_rms_norm", x, residual, weight, eps);

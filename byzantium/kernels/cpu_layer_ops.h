@@ -44,7 +44,9 @@ void RowOps<V, T>::norm(const T* r, const T* w, T* y, int64_t H, float eps) {
 // sum = a + b (rounded as torch's add), y = RMSNorm(sum).
 template <class V, class T>
 void RowOps<V, T>::add_norm(const T* a, const T* b, T* sum, const T* w, T* y, int64_t H, float eps) {
-  for_lanes<V>(H, [&](int64_t h, int64_t n) { V::store_n(sum + h, V::add(V::load_n(a + h, n), V::load_n(b + h, n)), n); });
+  for_lanes<V>(H, [&](int64_t h, int64_t n) {
+    V::store_n(sum + h, V::add(V::load_n(a + h, n), V::load_n(b + h, n)), n);
+  });
   norm(sum, w, y, H, eps);
 }
 

@@ -215,7 +215,8 @@ void PrefillKernel<V, Q, T>::run(const PrefillArgs<Q, T>& a, const PrefillTile& 
     if constexpr (bf16_scores) {
       uint16_t* pairs = reinterpret_cast<uint16_t*>(values);
       for (int64_t j = 0; j < nk; j += 2) {
-        pair_values<V>(raw_value[j], j + 1 < nk ? raw_value[j + 1] : nullptr, reinterpret_cast<uint32_t*>(pairs + j * D), D);
+        pair_values<V>(raw_value[j], j + 1 < nk ? raw_value[j + 1] : nullptr, reinterpret_cast<uint32_t*>(pairs + j * D),
+                       D);
         value[j / 2] = pairs + j * D;
       }
       pair_weights<V>(scores, weight_pairs, nk);

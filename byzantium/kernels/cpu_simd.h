@@ -180,7 +180,9 @@ struct Avx512Bf16 : Avx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first(n), p)), 16));
   }
   static void store(uint16_t* p, Vec v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
-  static void store_n(uint16_t* p, Vec v, int64_t n) { _mm256_mask_storeu_epi16(p, first(n), (__m256i)_mm512_cvtneps_pbh(v)); }
+  static void store_n(uint16_t* p, Vec v, int64_t n) {
+    _mm256_mask_storeu_epi16(p, first(n), (__m256i)_mm512_cvtneps_pbh(v));
+  }
   static Vec round_bf16(Vec v) {  // v rounded to bf16, as fp32
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
   }
