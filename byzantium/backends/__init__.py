@@ -81,8 +81,8 @@ def check_model(name):
     """Fail on an unknown model without loading it. Local names and paths resolve for certain; a hub
     id not in the local cache is looked up on the hub, and accepted when the hub cannot be reached."""
     from pathlib import Path
-    from ..engine.loader import _HUB_ID
-    if name is None or Path(name).expanduser().exists() or not _HUB_ID.match(name):
+    from ..engine.loader import HUB_ID
+    if name is None or Path(name).expanduser().exists() or not HUB_ID.match(name):
         resolve_model(name)
         return
     try:
@@ -133,7 +133,7 @@ class LLMPool:
             return self.shares
         if self.backend != "native" or any(k in self.kwargs for k in ("num_blocks", "kv_cache_gib", "memory_fraction")):
             return self.shares
-        from ..engine.engine import resolve_device, resolve_dtype
+        from ..engine.config import resolve_device, resolve_dtype
         from ..engine.memory import (DEFAULT_MEMORY_FRACTION, checkpoint_params, kv_bytes_per_token,
                                      physical_memory, split_memory)
         device = resolve_device(self.kwargs.get("device"))

@@ -37,7 +37,7 @@ import openai
 import torch
 
 from ..engine.chat import render_chat
-from ..engine.loader import _HUB_ID, load_tokenizer, resolve_model
+from ..engine.loader import HUB_ID, load_tokenizer, resolve_model
 from .base import LLM, Completion, TokenSession
 from .params import SamplingParams
 
@@ -68,7 +68,7 @@ def load_openai_tokenizer(model, tokenizer="auto"):
     auto = tokenizer == "auto"
     name = str(model if auto else tokenizer)
     try:
-        if _HUB_ID.match(name) and not Path(name).expanduser().exists():
+        if HUB_ID.match(name) and not Path(name).expanduser().exists():
             from transformers import AutoTokenizer
             return AutoTokenizer.from_pretrained(name), None
         model_dir = resolve_model(name)

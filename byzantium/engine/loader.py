@@ -36,7 +36,7 @@ EMBEDDED = {
 # Bump when the layout of a converted directory changes, so old caches are not reused.
 CACHE_VERSION = 1
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
@@ -69,7 +69,7 @@ def resolve_model(model: str | os.PathLike | None = None) -> Path:
         if path.suffix.lower() == ".gguf":
             return convert_gguf(path)
         raise ModelNotFoundError(f"model file {text!r} is not a .gguf file; pass its directory instead")
-    if _HUB_ID.match(text) and not text.lower().endswith(".gguf"):
+    if HUB_ID.match(text) and not text.lower().endswith(".gguf"):
         return _hub_snapshot(text)
     raise ModelNotFoundError(
         f"unknown model {text!r}: not an existing path, a known name, nor a hub id. "

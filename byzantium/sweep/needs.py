@@ -54,12 +54,12 @@ def model_context(name, settings):
 def local_model(name):
     """Where a model is on this machine, without any network call: "embedded", "path", "hub cache";
     None when it is not here (it needs a server or a download)."""
-    from ..engine.loader import EMBEDDED, _HUB_ID
+    from ..engine.loader import EMBEDDED, HUB_ID
     if name is None or str(name).lower() in EMBEDDED:
         return "embedded"
     if Path(name).expanduser().exists():
         return "path"
-    if _HUB_ID.match(str(name)):
+    if HUB_ID.match(str(name)):
         try:
             from huggingface_hub import try_to_load_from_cache
             if isinstance(try_to_load_from_cache(str(name), "config.json"), str):
