@@ -87,12 +87,12 @@ def test_bf16_fused_glu_matches_silu_of_the_fp32_sums(rows, k, inner, bias):
 
 def test_bf16_engine_runs_its_linears_on_the_bf16_panels(tiny_llama, monkeypatch):
     from byzantium import Engine
-    from byzantium.engine.models.llama import MLP
+    from byzantium.engine.layers.mlp import GatedMLP
     monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "panels_bf16")
     fast = Engine(tiny_llama[1], num_blocks=64, dtype="bfloat16")
     info = fast.describe()
     assert set(info["linear_kernels"].values()) == {"panels_bf16"}
-    assert info["fused_gate_up_silu"] == sum(isinstance(m, MLP) for m in fast.model.modules()) > 0
+    assert info["fused_gate_up_silu"] == sum(isinstance(m, GatedMLP) for m in fast.model.modules()) > 0
     assert info["cpu_layer_ops"]  # the bf16 norms and rope
     monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", "torch")
     plain = Engine(tiny_llama[1], num_blocks=64, dtype="bfloat16")
@@ -114,7 +114,7 @@ def within_one_ulp(got, want):
 
 @pytest.mark.parametrize("rows, hidden", [(1, 576), (7, 64), (33, 40), (3, 17)])
 def test_bf16_norms_match_the_torch_formula(rows, hidden):
-    from byzantium.engine.models.llama import RMSNorm
+    from byzantium.engine.layers.norm import RMSNorm
     g = torch.Generator().manual_seed(rows + hidden)
     norm = RMSNorm(hidden, 1e-5).bfloat16()
     with torch.no_grad():
@@ -137,7 +137,7 @@ def test_bf16_norms_match_the_torch_formula(rows, hidden):
 
 @pytest.mark.parametrize("tokens, heads, head_dim", [(1, 12, 64), (5, 3, 34), (9, 2, 128)])
 def test_bf16_rope_matches_apply_rope_in_fp32(tokens, heads, head_dim):
-    from byzantium.engine.models.llama import apply_rope
+    from byzantium.engine.layers.rotary import apply_rope
     g = torch.Generator().manual_seed(tokens + heads + head_dim)
     qkv = torch.randn(tokens, heads + 2, head_dim, generator=g).bfloat16()
     x = qkv[:, :heads]  # heads contiguous, rows strided (a slice of the fused qkv)

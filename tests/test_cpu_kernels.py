@@ -87,17 +87,17 @@ def test_fused_glu_matches_the_linear_then_silu_mul(kind, rows, k, inner, bias):
 @pytest.mark.parametrize("kind", ["panels", "panels512"])
 def test_engine_fuses_gate_up_with_silu_on_the_panels(kind, tiny_llama, monkeypatch):
     from byzantium import Engine, SamplingParams
-    from byzantium.engine.models.llama import MLP
+    from byzantium.engine.layers.mlp import GatedMLP
     if kind == "panels512" and not ext.avx512_supported():
         pytest.skip("no AVX-512 on this CPU")
     monkeypatch.setenv("BYZANTIUM_LINEAR_KERNELS", kind)
     fused = Engine(tiny_llama[1], num_blocks=64)
-    mlps = [m for m in fused.model.modules() if isinstance(m, MLP)]
+    mlps = [m for m in fused.model.modules() if isinstance(m, GatedMLP)]
     assert mlps and all(m.glu is not None for m in mlps)
     assert fused.describe()["fused_gate_up_silu"] == len(mlps)
     plain = Engine(tiny_llama[1], num_blocks=64, attention_backend="torch")
     plain.model.use_cpu_ops(None)  # torch layer ops; its gate_up stays in the fused layout, put back in order
-    assert all(m.glu is None and m.gate_up_proj.glu for m in plain.model.modules() if isinstance(m, MLP))
+    assert all(m.glu is None and m.gate_up_proj.glu for m in plain.model.modules() if isinstance(m, GatedMLP))
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40)]
     params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=1)
     got, want = fused.generate(prompts, params), plain.generate(prompts, params)
@@ -435,7 +435,7 @@ def test_ninja_from_the_dependency_is_found_without_an_activated_environment(mon
 
 @pytest.mark.parametrize("rows, hidden", [(1, 576), (7, 64), (300, 576), (5, 20)])
 def test_fused_rms_norm_matches_the_torch_formula(rows, hidden):
-    from byzantium.engine.models.llama import RMSNorm
+    from byzantium.engine.layers.norm import RMSNorm
     g = torch.Generator().manual_seed(rows + hidden)
     norm = RMSNorm(hidden, 1e-5)
     with torch.no_grad():
@@ -450,7 +450,7 @@ def test_fused_rms_norm_matches_the_torch_formula(rows, hidden):
 
 @pytest.mark.parametrize("rows, hidden", [(1, 576), (300, 576), (5, 20)])
 def test_fused_add_rms_norm_adds_as_torch_and_norms_the_sum(rows, hidden):
-    from byzantium.engine.models.llama import RMSNorm
+    from byzantium.engine.layers.norm import RMSNorm
     g = torch.Generator().manual_seed(rows * hidden)
     norm = RMSNorm(hidden, 1e-5)
     with torch.no_grad():
@@ -493,7 +493,7 @@ def test_fused_silu_mul_matches_torch(rows, inner):
 
 @pytest.mark.parametrize("tokens, heads, head_dim", [(1, 12, 64), (40, 5, 64), (6, 3, 20), (17, 2, 128)])
 def test_fused_rope_matches_apply_rope_on_a_slice_of_qkv(tokens, heads, head_dim):
-    from byzantium.engine.models.llama import apply_rope
+    from byzantium.engine.layers.rotary import apply_rope
     g = torch.Generator().manual_seed(tokens * heads + head_dim)
     qkv = torch.randn(tokens, (heads + 2) * head_dim, generator=g)
     x = qkv[:, :heads * head_dim].view(tokens, heads, head_dim)  # row stride of the whole qkv row
@@ -507,7 +507,7 @@ def test_fused_rope_matches_apply_rope_on_a_slice_of_qkv(tokens, heads, head_dim
 
 def test_engine_runs_the_fused_layer_ops_and_matches_torch(tiny_llama):
     from byzantium import Engine, SamplingParams
-    from byzantium.engine.models.llama import RMSNorm
+    from byzantium.engine.layers.norm import RMSNorm
     fused = Engine(tiny_llama[1], num_blocks=64)
     plain = Engine(tiny_llama[1], num_blocks=64)
     assert fused.describe()["cpu_layer_ops"] is True  # on by default where the kernels load

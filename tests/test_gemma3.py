@@ -123,7 +123,7 @@ def test_weights_load_from_either_multimodal_layout_and_bad_checkpoints_fail(mod
     ours.load_weights(state.items())
     assert torch.equal(ours.model.layers[1].self_attn.q_norm.weight,
                        state["model.language_model.layers.1.self_attn.q_norm.weight"])
-    assert [layer.self_attn.window for layer in ours.model.layers] == [16, 16, None]
+    assert [layer.self_attn.attn.window for layer in ours.model.layers] == [16, 16, None]
     with pytest.raises(ValueError, match="has no place"):
         ours.load_weights([*state.items(), ("model.language_model.layers.0.mlp.extra.weight", torch.zeros(1))])
     with pytest.raises(ValueError, match="missing 1 tensors"):

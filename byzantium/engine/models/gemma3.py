@@ -11,32 +11,20 @@ Sliding-window layers really attend within their window (the attention ops' `win
 sees keys (p - W, p]. The KV cache still keeps every token of every layer: freeing the blocks that fell out of
 all windows is a later optimisation.
 
-Reads top to bottom: norm, rope, attention, MLP, decoder layer, model, weight loading. Inputs are packed as in
+Reads top to bottom: rope, attention, MLP, decoder layer, model, weight loading (the blocks: engine/layers/). Inputs are packed as in
 llama.py ([T] tokens of all sequences of a step, `meta` from runner.AttentionMetadata).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.notices import warn_once
-from .llama import apply_rope
+from ..layers.attention import PagedAttention
+from ..layers.mlp import GatedMLP
+from ..layers.norm import GemmaRMSNorm
+from ..layers.rotary import apply_rope
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
-
-
-class RMSNorm(nn.Module):
-    """Gemma's: normalise and scale by (1 + w) in fp32, then cast (Llama casts before scaling)."""
-
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def layer_types(config):
@@ -76,13 +64,13 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = config.query_pre_attn_scalar ** -0.5
-        self.window = config.sliding_window if layer_type == SLIDING else None  # None: global
+        self.attn = PagedAttention(self.scale, config.sliding_window if layer_type == SLIDING else None)
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, meta, k_cache, v_cache):
         T = x.shape[0]
@@ -90,47 +78,26 @@ class Attention(nn.Module):
         q = apply_rope(self.q_norm(q.view(T, self.num_heads, self.head_dim)), cos, sin)
         k = apply_rope(self.k_norm(k.view(T, self.num_kv_heads, self.head_dim)), cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        ops, d = meta.ops, meta.num_decode
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        decode = lambda q: ops.paged_decode_attention(  # noqa: E731
-            q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, self.scale, window=self.window)
-        prefill = lambda q: ops.append_prefill_attention(  # noqa: E731
-            q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables, self.scale,
-            window=self.window, max_lens=meta.prefill_max_lens)
-        if d == T:
-            out = decode(q)
-        elif d == 0:
-            out = prefill(q)
-        else:
-            out = torch.empty_like(q)
-            out[:d], out[d:] = decode(q[:d]), prefill(q[d:])
-        return self.o_proj(out.view(T, self.q_size))
+        return self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size))
 
 
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
-        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            raise ValueError(f"unsupported hidden_activation {act!r}: Gemma 3 uses gelu_pytorch_tanh")
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+def mlp(config):
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported hidden_activation {act!r}: Gemma 3 uses gelu_pytorch_tanh")
+    return GatedMLP(config.hidden_size, config.intermediate_size, activation="gelu_tanh")
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config, layer_type):
         super().__init__()
         self.layer_type = layer_type
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_type)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
-        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = mlp(config)
+        self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, meta, k_cache, v_cache):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache))
@@ -142,7 +109,7 @@ class Gemma3Model(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in layer_types(config))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class Gemma3ForCausalLM(nn.Module):

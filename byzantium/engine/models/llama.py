@@ -1,19 +1,22 @@
 """The Llama family on the paged KV cache: Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm),
 Qwen3-MoE (Qwen3 with sparse expert MLPs: models/moe.py) and the text tower of Mistral 3 checkpoints.
 
-Reads top to bottom: norm, rotary embedding, attention, MLP, decoder layer, model, weight loading.
+Reads top to bottom: attention, MLP, decoder layer, model, weight loading.
 Inputs are packed: `input_ids` and `positions` are [T] for all sequences of a step together, and
 `meta` (runner.AttentionMetadata) says which rows belong to which sequence and where their K/V live.
-Q/K/V and gate/up projections are fused into one matmul each. `use_cpu_ops` runs the norms, the rotary
-embedding and SiLU * up as single compiled fp32 passes (kernels/cpu_layer_ops.cpp; the engine turns them
-on for fp32 on the CPU); the torch formulas below are what they compute.
+Q/K/V and gate/up projections are fused into one matmul each. The blocks (norm, rope, paged attention,
+gated MLP) are engine/layers/'s; `use_cpu_ops` puts the norms, the rotary embedding and SiLU * up on the
+compiled CPU kernels (the engine turns them on for fp32 and bf16 on the CPU).
 """
 import re
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..layers.attention import PagedAttention
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import rope, rope_tables, rotate_tables
 from .moe import SparseMoeBlock, is_sparse_layer
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -72,63 +75,6 @@ def _named(config):
     return names[0]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.cpu_ops = None  # the compiled CPU kernels, when the engine runs them (use_cpu_ops)
-        self.bf16_ops = False  # and their bf16 variants (CPUs with avx512_bf16)
-
-    def forward(self, x):
-        if self.cpu_ops is not None and x.dtype == torch.float32:
-            return self.cpu_ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
-        if self.bf16_ops and x.dtype == torch.bfloat16:
-            return self.cpu_ops.rms_norm_bf16(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
-        # transformers' formula op for op (normalise in fp32, scale in the input dtype); on CPU it is
-        # also faster than F.rms_norm for the small rows of decode steps.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-    def add_forward(self, x, residual):
-        """(norm(x + residual), x + residual): the residual stream's add done in the norm's own pass
-        (residual None, the first layer: x alone)."""
-        if residual is None:
-            return self(x), x
-        if self.cpu_ops is not None and x.dtype == torch.float32:
-            return self.cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
-        if self.bf16_ops and x.dtype == torch.bfloat16 and x.dim() == 2:
-            return self.cpu_ops.add_rms_norm_bf16(x, residual, self.weight, self.eps)
-        residual = x + residual
-        return self(residual), residual
-
-
-def rope_tables(config, head_dim, max_positions):
-    """cos, sin [max_positions, head_dim // 2] in fp32, with the config's rope scaling (transformers' own
-    init functions for the scaled types, so every variant matches the reference implementation)."""
-    # transformers 5 keeps rope settings in rope_parameters, 4.x in rope_scaling + rope_theta.
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        scaling = 1.0
-    elif rope_type == "dynamic":
-        raise NotImplementedError("dynamic rope scaling changes with sequence length and is not supported")
-    else:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-    freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
-    return freqs.cos() * scaling, freqs.sin() * scaling
-
-
-def apply_rope(x, cos, signed_sin):
-    """x [T, H, D]; cos = cat(c, c), signed_sin = cat(-s, s), each [T, 1, D]: transformers' rotate-half
-    x * cos + rotate_half(x) * sin, with the sign folded into the table so rotate_half is a roll."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
-
-
 class Attention(nn.Module):
     def __init__(self, config, arch):
         super().__init__()
@@ -141,7 +87,8 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
-        self.cpu_ops = None  # see RMSNorm
+        self.attn = PagedAttention(self.scale)
+        self.cpu_ops = None  # the compiled CPU kernels for the rope (use_cpu_ops)
         self.bf16_ops = False
         self.qk_norm = arch in QK_NORM
         if self.qk_norm:
@@ -160,56 +107,16 @@ class Attention(nn.Module):
             qk = self._rope(qkv[:, :self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
                             cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        ops = meta.ops
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        d = meta.num_decode
-        if d == T:
-            out = ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, self.scale)
-        elif d == 0:
-            out = ops.append_prefill_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens,
-                                               meta.prefill_block_tables, self.scale, max_lens=meta.prefill_max_lens)
-        else:
-            out = torch.empty_like(q)
-            out[:d] = ops.paged_decode_attention(q[:d], k_cache, v_cache, meta.decode_seq_lens,
-                                                 meta.decode_block_tables, self.scale)
-            out[d:] = ops.append_prefill_attention(q[d:], k_cache, v_cache, meta.cu_seqlens_q,
-                                                   meta.prefill_seq_lens, meta.prefill_block_tables, self.scale,
-                                                   max_lens=meta.prefill_max_lens)
-        return self.o_proj(out.view(T, self.q_size))
+        return self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size))
 
     def _rope(self, x, cos, sin):
-        if self.cpu_ops is not None and x.stride(1) == x.shape[2] and x.stride(2) == 1:
-            if x.dtype == torch.float32:
-                return self.cpu_ops.rope(x, cos, sin)
-            if self.bf16_ops and x.dtype == torch.bfloat16:
-                return self.cpu_ops.rope_bf16(x, cos, sin)
-        return apply_rope(x, cos, sin)
+        return rope(x, cos, sin, self.cpu_ops, self.bf16_ops)
 
 
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        if config.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: the Llama family uses silu")
-        self.cpu_ops = None  # see RMSNorm
-        self.glu = None  # (kernel, panels, bias, I) when a panel_glu kernel fuses gate_up and SiLU * up
-
-    def use_cpu_ops(self, kernels):
-        self.cpu_ops = kernels
-        repack = getattr(self.gate_up_proj, "repack_glu", None)  # a PackedLinear (on panels: it can fuse)
-        self.glu = repack(kernels) if kernels is not None and repack is not None else None
-
-    def forward(self, x):
-        if self.glu is not None and x.dtype == self.glu[1].dtype and x.dim() == 2:
-            return self.down_proj(self.glu[0](x, *self.glu[1:]))
-        gate_up = self.gate_up_proj(x)
-        if self.cpu_ops is not None and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
-            return self.down_proj(self.cpu_ops.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+def mlp(config):
+    if config.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: the Llama family uses silu")
+    return GatedMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
 
 
 class DecoderLayer(nn.Module):
@@ -219,7 +126,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, arch)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         moe = arch == "Qwen3MoeForCausalLM" and is_sparse_layer(config, index)
-        self.mlp = SparseMoeBlock(config) if moe else MLP(config)
+        self.mlp = SparseMoeBlock(config) if moe else mlp(config)
 
     def forward(self, x, residual, cos, sin, meta, k_cache, v_cache):
         """x: the previous layer's output (layer 0: the embeddings, residual None). Returns this layer's
@@ -278,7 +185,7 @@ class LlamaForCausalLM(nn.Module):
         gate_up linear and SiLU * up become one pass (panel_glu, panel_glu512, panel_glu_bf16)."""
         bf16 = kernels is not None and kernels.avx512_bf16_supported()
         for module in self.modules():
-            if isinstance(module, MLP):  # also fuses gate_up with SiLU * up where its panels allow
+            if isinstance(module, GatedMLP):  # also fuses gate_up with SiLU * up where its panels allow
                 module.use_cpu_ops(kernels)
             elif isinstance(module, (RMSNorm, Attention)):
                 module.cpu_ops, module.bf16_ops = kernels, bf16
@@ -288,7 +195,7 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos.index_select(0, positions).to(x.dtype).unsqueeze(1)
         sin = self.rope_sin.index_select(0, positions).to(x.dtype).unsqueeze(1)
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        cos, sin = rotate_tables(cos, sin)
         residual = None
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, cos, sin, meta, kv_cache[i, 0], kv_cache[i, 1])

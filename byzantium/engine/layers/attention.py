@@ -1,0 +1,36 @@
+"""Paged attention, the one layer every model's attention calls: K/V stored into the cache, then the
+step's single-token rows on the decode kernel and its longer rows on the append-prefill kernel.
+
+The rows of a step come decode rows first (runner.py), `meta.num_decode` of them; `meta.ops` is the
+attention backend the runner chose (kernels.attention_ops). `window` W makes a sliding-window layer: the
+query at position p sees keys (p - W, p]; None attends to the whole context."""
+import torch
+from torch import nn
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, scale, window=None):
+        super().__init__()
+        self.scale, self.window = scale, window
+
+    def forward(self, q, k, v, meta, k_cache, v_cache):
+        """q [T, Hq, D], k and v [T, Hkv, D] of the step's new tokens -> attention output [T, Hq, D]."""
+        ops, d, T = meta.ops, meta.num_decode, q.shape[0]
+        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if d == T:
+            return self._decode(q, meta, k_cache, v_cache)
+        if d == 0:
+            return self._prefill(q, meta, k_cache, v_cache)
+        out = torch.empty_like(q)
+        out[:d] = self._decode(q[:d], meta, k_cache, v_cache)
+        out[d:] = self._prefill(q[d:], meta, k_cache, v_cache)
+        return out
+
+    def _decode(self, q, meta, k_cache, v_cache):
+        return meta.ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables,
+                                               self.scale, window=self.window)
+
+    def _prefill(self, q, meta, k_cache, v_cache):
+        return meta.ops.append_prefill_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens,
+                                                 meta.prefill_block_tables, self.scale, window=self.window,
+                                                 max_lens=meta.prefill_max_lens)
