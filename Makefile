@@ -29,6 +29,7 @@ demo: $(VENV)/.base
 	$(VENV)/bin/byzantium demo
 
 test: $(VENV)/.test
+	$(VENV)/bin/ruff check byzantium tests bench
 	$(PY) -m pytest -q tests
 
 bench: $(VENV)/.test

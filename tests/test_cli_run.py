@@ -153,7 +153,7 @@ def test_allow_identical_lifts_the_refusal(smollm2_dir, no_loading, tmp_path, ca
 
 def test_demo_summary_says_what_the_numbers_show(smollm2_dir, tmp_path):
     from byzantium.experiments.demo import run_demo, verdict
-    from byzantium.protocols.rr_analysis import config_label, sweep_table
+    from byzantium.protocols.metrics.rr import config_label, sweep_table
     acc = {("d", "maj", 0): 0.9, ("d", "rrmaj", 0): 0.9, ("d", "maj", 1): 0.5, ("d", "rrmaj", 1): 0.7,
            ("d", "maj", 2): 0.4, ("d", "rrmaj", 2): 0.3, ("d", "maj", 3): 0.1}
     table = sweep_table(acc, 3)

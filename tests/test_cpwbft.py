@@ -9,7 +9,7 @@ import pytest
 from byzantium.protocols.byzantine import Adversary, Agent, make_agents
 from byzantium.protocols.cpwbft import SOLVE_PARAMS, decide, local_update, parse_confidence, run_cpwbft
 from byzantium.protocols.graphs import complete
-from byzantium.protocols.metrics import instance_metrics, summarize
+from byzantium.protocols.metrics.sac import instance_metrics, summarize
 from byzantium.protocols.sac import run_sac
 from byzantium.tasks import Task, get_task, is_correct
 

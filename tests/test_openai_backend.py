@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from byzantium.backends import LLMPool, SamplingParams, check_openai_models, load_llm
-from byzantium.backends.openai import OpenAIBackendError, OpenAILLM, api_base
+from byzantium.backends.openai import OpenAILLM
+from byzantium.backends.openai_wire import OpenAIBackendError, api_base
 from byzantium.cli import main
 from byzantium.protocols import byzantine
 from byzantium.protocols.attacks import make_agents

@@ -13,7 +13,7 @@ from byzantium.experiments.sac import run_experiment
 from byzantium.protocols import prompts
 from byzantium.tasks import get_task
 from byzantium.experiments.report_cells import matches
-from byzantium.protocols.metrics import first_honest_vote, instance_metrics
+from byzantium.protocols.metrics.sac import first_honest_vote, instance_metrics
 from byzantium.sweep.config import load_sweep
 from byzantium.sweep.dry_run import describe
 

@@ -37,7 +37,7 @@ SAC = dict(n=4, weak=0, byzantine=1, F=1, T=1, topology="complete", score_mode="
 
 
 class FakePlacement:
-    """Two replicas; what the runner asks of a placement (ray_engines.Placement), and nothing else."""
+    """Two replicas; what the runner asks of a placement (ray_placement.Placement), and nothing else."""
     name = "ray"
 
     def __init__(self):

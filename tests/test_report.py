@@ -311,7 +311,7 @@ def test_an_analysis_kind_other_than_scaling_leaves_the_curves_out(runs, tmp_pat
 
 
 def test_bootstrap_intervals():
-    from byzantium.experiments.bootstrap import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
+    from byzantium.protocols.metrics.intervals import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
     values = [1, 0, 1, 1, 0, 1, 0, 1]
     point, lo, hi = mean_ci(values)
     assert point == 5 / 8 and lo < point < hi and mean_ci(values) == (point, lo, hi)  # seeded: reproducible
@@ -324,7 +324,7 @@ def test_bootstrap_intervals():
 
 
 def test_accuracy_interval_keeps_its_width_at_0_of_n_and_n_of_n():
-    from byzantium.experiments.bootstrap import mean_ci, wilson
+    from byzantium.protocols.metrics.intervals import mean_ci, wilson
     lo0, hi0 = mean_ci([0, 0, 0])[1:]
     lo1, hi1 = mean_ci([1, 1, 1])[1:]
     assert lo0 == 0.0 and 0.5 < hi0 < 0.6  # Wilson at 0/3: [0, 56.1 %], not [0, 0]

@@ -10,7 +10,7 @@ from byzantium.backends.base import Completion
 from byzantium.protocols import round_robin as rr_module
 from byzantium.protocols.attacks import injection, make_agents
 from byzantium.protocols.round_robin import Trajectory, round_robin, rr_majority
-from byzantium.protocols.rr_analysis import final_speaker
+from byzantium.protocols.metrics.rr import final_speaker
 from byzantium.protocols.rr_prompts import agent_messages
 from byzantium.protocols.voting import majority_vote
 from byzantium.tasks import Task, get_task
@@ -98,7 +98,8 @@ def test_turn_order_chunk_sizes_and_handoffs():
     # Two contexts (corrupted, honest): two sessions; the honest agents 1 and 2 share session 1.
     assert events(llm, "open") == [("open", 0), ("open", 1)]
     shared = [t for c in traj.chunks for t in c.token_ids]
-    chunk = lambda j: traj.chunks[j].token_ids
+    def chunk(j):
+        return traj.chunks[j].token_ids
     # Each turn extends with exactly what the OTHER context wrote since this one last wrote.
     assert [e[:3] for e in llm.log[2:9]] == [
         ("continue", 0, 4), ("extend", 1, chunk(0)), ("continue", 1, 4), ("continue", 1, 4),

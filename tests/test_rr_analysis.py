@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import fisher_exact
 
 from byzantium.protocols.round_robin import Chunk, RRMajResult, Trajectory
-from byzantium.protocols.rr_analysis import (final_speaker, final_speaker_by_group, final_speaker_markdown,
+from byzantium.protocols.metrics.rr import (final_speaker, final_speaker_by_group, final_speaker_markdown,
                                              k_sweep_markdown, k_sweep_table, scaling_curve, scaling_markdown,
                                              sweep_markdown, sweep_table)
 from byzantium.protocols.voting import AgentAnswer, MajResult, Vote
@@ -116,7 +116,8 @@ def test_final_speaker_table_and_fisher():
     odds, p = fisher_exact([[7, 2], [2, 6]])
     assert s["p_value"] == pytest.approx(p) and s["odds_ratio"] == pytest.approx(odds)
     # Two-sided p by hand: sum of hypergeometric tables (margins 9, 8; 9 right of 17) no likelier than observed.
-    prob = lambda a: comb(9, a) * comb(8, 9 - a) / comb(17, 9)
+    def prob(a):
+        return comb(9, a) * comb(8, 9 - a) / comb(17, 9)
     hand = sum(prob(a) for a in range(1, 10) if prob(a) <= prob(7) * (1 + 1e-9))
     assert s["p_value"] == pytest.approx(hand)
     assert s["odds_ratio"] == pytest.approx(7 * 6 / (2 * 2))

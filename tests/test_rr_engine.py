@@ -8,7 +8,7 @@ import pytest
 from byzantium.backends import load_llm
 from byzantium.protocols.attacks import injection, make_agents
 from byzantium.protocols.round_robin import round_robin, rr_majority
-from byzantium.protocols.rr_analysis import final_speaker
+from byzantium.protocols.metrics.rr import final_speaker
 from byzantium.protocols.rr_prompts import agent_messages
 from byzantium.protocols.voting import majority_vote
 from byzantium.tasks import extract_answer, get_task, is_correct, normalize_answer

@@ -250,7 +250,8 @@ def test_a_resumed_run_counts_every_invocations_cost(tmp_path):
         counter["decode_tokens"] += 10 * item
         return {"value": item}
 
-    stats = lambda: dict(counter)
+    def stats():
+        return dict(counter)
     run_instances([1, 2], solve, tmp_path, key=str, stats=stats)
     run_instances([1, 2, 3], solve, tmp_path, key=str, stats=stats)  # resumed: runs 3 only
     summary = json.loads((tmp_path / "summary.json").read_text())

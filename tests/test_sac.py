@@ -11,7 +11,7 @@ import pytest
 from byzantium.protocols import byzantine, metrics, prompts, voting
 from byzantium.protocols.byzantine import Adversary, Agent, make_agents, wrong_answers
 from byzantium.protocols.graphs import complete
-from byzantium.protocols.metrics import instance_metrics, summarize, vote
+from byzantium.protocols.metrics.sac import instance_metrics, summarize, vote
 from byzantium.protocols.sac import JUDGE_PARAMS, SOLVE_PARAMS, filter_neighbours, parse_score, run_sac
 from byzantium.tasks import Task, get_task, is_correct
 

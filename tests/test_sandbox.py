@@ -76,7 +76,8 @@ def _marker():
 
 @pytest.mark.parametrize("isolation", ["namespace", "process"])
 def test_statuses(isolation):
-    run = lambda code: run_code(code, isolation=isolation)
+    def run(code):
+        return run_code(code, isolation=isolation)
     ok = run("print('hi')")
     assert ok.status == "passed" and ok.passed and ok.returncode == 0 and ok.stdout == "hi\n"
     assert run("assert 1 + 1 == 3").status == "failed"

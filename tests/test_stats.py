@@ -151,7 +151,8 @@ def test_chrome_trace_has_step_prefill_and_decode_tracks_with_tags_inside(tmp_pa
     assert all({"name", "ts", "dur", "pid", "tid"} <= set(e) for e in slices)
     steps = [e for e in slices if e["tid"] == 0]
     assert [e["name"] for e in steps] == ["prefill", "mixed", "decode"]
-    ns = lambda us: round(us * 1000)
+    def ns(us):
+        return round(us * 1000)
     for e in steps:  # the phase slices tile their step; the tag slices tile their phase
         inside = [x for x in slices if x["tid"] and x["cat"] in ("prefill", "decode")
                   and ns(e["ts"]) <= ns(x["ts"]) and ns(x["ts"]) + ns(x["dur"]) <= ns(e["ts"]) + ns(e["dur"])]

@@ -60,7 +60,7 @@ def check_openai_models(base_url, api_key=None, names=(None,)):
     """Fail (ValueError) unless the server at base_url answers GET /v1/models and serves every name
     (None: the default model). Called before a run starts."""
     import openai
-    from .openai import api_base
+    from .openai_wire import api_base
     client = openai.OpenAI(base_url=api_base(base_url), api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
                            max_retries=1, timeout=30)
     try:
@@ -121,7 +121,7 @@ class LLMPool:
             _check_ray(backend, ray_replicas, ray_gpus_per_replica)
             if kwargs.get("profile"):
                 raise ValueError("`byzantium profile` profiles engines in this process; run it without --ray")
-            from .ray_engines import Placement
+            from .ray_placement import Placement
             self.placement = Placement(None if ray is True else str(ray), ray_replicas, ray_gpus_per_replica)
 
     def plan(self, models, shares=None):

@@ -37,47 +37,10 @@ import openai
 import torch
 
 from ..engine.chat import render_chat
-from ..engine.loader import HUB_ID, load_tokenizer, resolve_model
 from .base import LLM, Completion, TokenSession
+from .openai_wire import (TOP_LOGPROBS, OpenAIBackendError, api_base, extra_field, load_openai_tokenizer,
+                          refuses_extension, wire_messages)
 from .params import SamplingParams
-
-TOP_LOGPROBS = 20  # the most vLLM returns by default (its max_logprobs)
-EXTENSIONS = ("return_token_ids", "return_tokens_as_token_ids", "top_k", "stop_token_ids", "ignore_eos",
-              "chat_template_kwargs", "untrusted")
-
-
-class OpenAIBackendError(RuntimeError):
-    """A request the server refused or could not answer, after the client's retries."""
-
-
-def api_base(base_url: str) -> str:
-    """The client's base URL: "http://host:8000" means its /v1; a URL with a path is taken as given."""
-    url = base_url.rstrip("/")
-    scheme, _, rest = url.partition("://")
-    return url + "/v1" if "/" not in rest else url
-
-
-def load_openai_tokenizer(model, tokenizer="auto"):
-    """(tokenizer or None, local model directory or None). "auto": the model's own, when its name
-    resolves here, else None; a path or hub id: that one (a failure is an error); an object: itself.
-    A hub id loads only the tokenizer's files, never the weights."""
-    if tokenizer is None:
-        return None, None
-    if not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer, None
-    auto = tokenizer == "auto"
-    name = str(model if auto else tokenizer)
-    try:
-        if HUB_ID.match(name) and not Path(name).expanduser().exists():
-            from transformers import AutoTokenizer
-            return AutoTokenizer.from_pretrained(name), None
-        model_dir = resolve_model(name)
-        return load_tokenizer(model_dir), model_dir
-    except Exception as error:
-        if auto:
-            return None, None
-        raise ValueError(f"cannot load the tokenizer {name!r}: {error}") from error
-
 
 class OpenAISession(TokenSession):
     """A session of the openai backend: its token ids, and the server's session id when it keeps one."""
@@ -173,7 +136,7 @@ class OpenAILLM(LLM):
             try:
                 return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(extensions), self._loop))
             except openai.BadRequestError as error:
-                if extensions and _refuses_extension(str(error.message)):
+                if extensions and refuses_extension(str(error.message)):
                     self.extensions = False
                     continue
                 failed, cause = error, f"the server refused it (400): {error.message}"
@@ -224,7 +187,7 @@ class OpenAILLM(LLM):
 
     def _completion(self, response, choice, text, logprobs, prompt_len=0):
         prompt, cached = self._account(response, prompt_len)
-        ids = _extra(choice, "token_ids")
+        ids = extra_field(choice, "token_ids")
         if ids is None:
             ids = self.encode_plain(text) if self.tokenizer is not None and text else []
         finish = "length" if choice.finish_reason == "length" else "stop"
@@ -289,7 +252,7 @@ class OpenAILLM(LLM):
             kwargs, extra = self._sampling(params, True, ext)
             if ext and self.chat_template_kwargs:
                 extra["chat_template_kwargs"] = self.chat_template_kwargs
-            return await client.chat.completions.create(model=self.model, messages=_messages(messages, untrusted, ext),
+            return await client.chat.completions.create(model=self.model, messages=wire_messages(messages, untrusted, ext),
                                                         extra_body=extra, **kwargs)
 
         response = await self._request("/chat/completions", call)
@@ -402,30 +365,3 @@ class OpenAILLM(LLM):
                 await self._request(path, lambda client, ext: client.delete(path, cast_to=object), count=False)
             except OpenAIBackendError:
                 pass  # the server may have dropped it already (a restart); nothing is lost
-
-
-def _extra(model, key):
-    """A field the openai types do not declare (pydantic extra), or None."""
-    extra = getattr(model, "model_extra", None) or {}
-    return extra.get(key, getattr(model, key, None))
-
-
-def _refuses_extension(message):
-    """A 400 that refuses one of our extension fields by name (OpenAI: "Unrecognized request argument
-    supplied: top_k"; strict validators: "... 'untrusted' was unexpected")."""
-    text = message.lower()
-    return any(name in text for name in EXTENSIONS) and any(
-        word in text for word in ("unrecognized", "unexpected", "unknown", "not allowed", "not permitted", "extra"))
-
-
-def _messages(messages, untrusted, extensions):
-    """The messages as sent: "untrusted": true where render_chat would render the content as plain text
-    (the message's own key, else untrusted=True on a non-system message); without extensions, no key."""
-    out = []
-    for m in messages:
-        m = dict(m)
-        flag = m.pop("untrusted", untrusted and m.get("role") != "system")
-        if flag and extensions:
-            m["untrusted"] = True
-        out.append(m)
-    return out

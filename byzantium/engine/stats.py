@@ -213,7 +213,8 @@ class EngineStats:
         prefill and one of decode (each step's attributed time, laid end to end inside the step; a slice
         per tag inside, the tag as its category), counters of sequences and KV blocks in use, and each
         request as a flow through the steps it took part in."""
-        us = lambda ns: ns / 1000  # integer ns -> us: Perfetto reads back the same integer ns
+        def us(ns):
+            return ns / 1000  # integer ns -> us: Perfetto reads back the same integer ns
         events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
         for tid, track in enumerate(("steps", "prefill", "decode")):
             events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": track}})

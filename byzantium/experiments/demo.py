@@ -19,7 +19,7 @@ from pathlib import Path
 from ..commands import Command
 from ..protocols.attacks import make_agents
 from ..protocols.round_robin import rr_majority
-from ..protocols.rr_analysis import config_label, sweep_markdown, sweep_table
+from ..protocols.metrics.rr import config_label, sweep_markdown, sweep_table
 from ..protocols.rr_prompts import TEMPERATURE
 from ..protocols.voting import majority_vote
 from ..tasks import is_correct
@@ -138,8 +138,10 @@ def run_demo(questions=DEMO_QUESTIONS, out="runs/demo", model=None, corrupt=rang
     markdown = sweep_markdown(table)
     says = verdict(table, questions)
     spread = {(method, c): distinct(records, method, c) for method in METHODS for c in corrupt}
-    pct = lambda x: "–" if x is None else f"{100 * x:.1f} %"
-    per_level = lambda method: ", ".join(f"{config_label(c, n)} {spread[(method, c)]:.1f}" for c in corrupt)
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f} %"
+    def per_level(method):
+        return ", ".join(f"{config_label(c, n)} {spread[(method, c)]:.1f}" for c in corrupt)
     lines = [
         f"# MAJ vs RRMaj under the strong injection (N={n})\n",
         f"{questions} generated one-step sums ({DATASET}, seed {seed}) on {model or DEFAULT_MODEL}; "

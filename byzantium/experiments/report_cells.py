@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..protocols.metrics import instance_metrics
+from ..protocols.metrics.sac import instance_metrics
 from .runner import RESULTS, SUMMARY, is_error, read_results
 
 SWEEP = "sweep.json"

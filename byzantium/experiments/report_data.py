@@ -2,13 +2,13 @@
 
 Each analysis returns plain dicts (accuracies as (point, lo, hi) with a 95 % bootstrap interval over
 problems) or [] / None when the cells do not support it; report.py renders them as tables and plot.py
-draws them. The Consensus Trap analyses reuse protocols/rr_analysis.py; resilience reuses
+draws them. The Consensus Trap analyses reuse protocols/rr_metrics.py; resilience reuses
 experiments/resilience_table.resilience_report.
 """
 import re
 
-from ..protocols import rr_analysis
-from .bootstrap import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
+from ..protocols.metrics import rr as rr_metrics
+from ..protocols.metrics.intervals import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
 from .report_cells import BYZANTINE, covers, parse_failures, published_for, sac_metrics, value
 
 RR_ONLY = ("chunk", "trajectories", "order")  # settings MAJ does not have
@@ -103,7 +103,7 @@ def corruption_sweep(cells) -> list:
         cols = []
         for k in sorted(by_c):
             m, r = by_c[k].get("maj"), by_c[k].get("rrmaj")
-            cols.append(dict(c=k, label=rr_analysis.config_label(k, n), maj=m, rrmaj=r,
+            cols.append(dict(c=k, label=rr_metrics.config_label(k, n), maj=m, rrmaj=r,
                              maj_ci=ci(m) if m else None, rrmaj_ci=ci(r) if r else None,
                              delta=diff_ci(per_problem(m), per_problem(r)) if m and r else None))
         groups.append(dict(head=head, n=n, columns=cols))
@@ -135,7 +135,7 @@ def scaling(cells, m_max=40, trials=50, seed=0) -> list:
     """Test-time scaling per cell (of sweeps whose analysis is "scaling", and of plain run directories):
     accuracy of a plurality of M answers drawn from each question's pool
     (RRMaj: its M* trajectories; MAJ: its N agents), M = 1..min(m_max, pool), mean ± std over trials
-    (rr_analysis.scaling_curve; MAJ's M=1 is the expected accuracy of one random agent)."""
+    (rr_metrics.scaling_curve; MAJ's M=1 is the expected accuracy of one random agent)."""
     out = []
     for c in _consensus(cells):
         kind = ((c.sweep or {}).get("analysis") or {}).get("kind")
@@ -145,32 +145,32 @@ def scaling(cells, m_max=40, trials=50, seed=0) -> list:
         top = min(m_max, pool)
         if top < 2:
             continue
-        ms = list(range(1, top + 1)) if top <= 10 else sorted({m for m in rr_analysis.SCALING_MS if m <= top} | {top})
+        ms = list(range(1, top + 1)) if top <= 10 else sorted({m for m in rr_metrics.SCALING_MS if m <= top} | {top})
         kind = c.records[0]["kind"]  # the task's answer kind
         if c.method == "maj":
             golds = {r["task_id"]: r["gold"] for r in c.records}
             share = c.params.get("corrupt", 0) / c.params.get("agents", pool)
-            curve = rr_analysis.scaling_curve(c.records, kind, ms, trials, seed, golds=golds, corrupt_share=share)
+            curve = rr_metrics.scaling_curve(c.records, kind, ms, trials, seed, golds=golds, corrupt_share=share)
         else:
-            curve = rr_analysis.scaling_curve(c.records, kind, ms, trials, seed)
+            curve = rr_metrics.scaling_curve(c.records, kind, ms, trials, seed)
         out.append(dict(cell=c, method=c.method, pool=pool, points=curve["points"], trials=trials))
     return out
 
 
 def final_speaker(cells) -> list:
     """Per RR/RRMaj cell with clean and corrupted agents: accuracy of trajectories whose last words a
-    clean vs a corrupted agent wrote, with the Fisher exact test (rr_analysis.final_speaker)."""
+    clean vs a corrupted agent wrote, with the Fisher exact test (rr_metrics.final_speaker)."""
     out = []
     for c in _consensus(cells, ("rr", "rrmaj")):
         n, k = c.params.get("agents"), c.params.get("corrupt")
         if not (n and k and 0 < k < n):
             continue
-        fs = rr_analysis.final_speaker(c.records)
+        fs = rr_metrics.final_speaker(c.records)
         groups = {True: [], False: []}  # corrupted last -> per-problem (right, trajectories)
         for r in c.records:
             counts = {True: [0, 0], False: [0, 0]}
-            for t in rr_analysis._items(r):
-                last = rr_analysis.final_chunk(t)
+            for t in rr_metrics._items(r):
+                last = rr_metrics.final_chunk(t)
                 if last is not None:
                     counts[bool(last["corrupted"])][0] += bool(t["correct"])
                     counts[bool(last["corrupted"])][1] += 1

@@ -126,10 +126,11 @@ def _mean(values):
 
 def _details(method, records):
     """Numbers beyond accuracy: per-agent (MAJ) or per-trajectory (RR, RRMaj) accuracy and failures."""
-    from ..protocols.rr_analysis import final_chunk  # here: it imports scipy, which refusals need not wait for
+    from ..protocols.metrics.rr import final_chunk  # here: it imports scipy, which refusals need not wait for
     if method == "maj":
         answers = [(a, r) for r in records for a in r["agents"]]
-        ok = lambda group: _mean(is_correct(a["answer"], r["gold"], r["kind"]) for a, r in group)
+        def ok(group):
+            return _mean(is_correct(a["answer"], r["gold"], r["kind"]) for a, r in group)
         return {"agent_accuracy_honest": ok([(a, r) for a, r in answers if not a["corrupted"]]),
                 "agent_accuracy_corrupted": ok([(a, r) for a, r in answers if a["corrupted"]]),
                 "agent_parse_failures": sum(a["answer"] is None for a, _ in answers),

@@ -23,7 +23,7 @@ from ..backends.params import SamplingParams
 from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft
-from ..protocols.metrics import COUNTS, GROUPS, RA_TIES, summarize as summarize_metrics
+from ..protocols.metrics.sac import COUNTS, GROUPS, RA_TIES, summarize as summarize_metrics
 from ..protocols.sac import LOGPROB_KINDS, SCORE_MODES, run_sac
 from .rr import engine_stats
 from .runner import SUMMARY, run_instances

@@ -60,7 +60,8 @@ def layout():
             links.append((path, os.readlink(path)))
         elif os.path.isdir(path) and path != "/" and path not in ro:
             ro.append(path)
-    inside = lambda p, q: p != q and p.startswith(q.rstrip("/") + "/")
+    def inside(p, q):
+        return p != q and p.startswith(q.rstrip("/") + "/")
     return [p for p in ro if not any(inside(p, q) for q in ro)], links
 
 
@@ -75,7 +76,8 @@ def check(ret, what):
 
 
 def mount(src, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else str(s).encode()
+    def enc(s):
+        return None if s is None else str(s).encode()
     check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
@@ -278,7 +280,8 @@ def seccomp_program(machine):
             labels[insn[0]] = len(out)
         else:
             out.append(insn)
-    jump = lambda i, j: labels[j] - i - 1 if isinstance(j, str) else j
+    def jump(i, j):
+        return labels[j] - i - 1 if isinstance(j, str) else j
     return [(c, jump(i, jt), jump(i, jf), k) for i, (c, jt, jf, k) in enumerate(out)]
 
 

@@ -49,7 +49,8 @@ def _letter_in(cand, letters, choices):
     # "-15" is not "15" and "Rr" not "RR", then a stated value by value ("4 km" is "4km", "$12.00"
     # is "$12"), other text in any case and punctuation (never a value: "12.00" would be "1,200").
     value = _option_value(c)
-    plain = lambda x: x.strip().rstrip(".").strip()
+    def plain(x):
+        return x.strip().rstrip(".").strip()
     tests = [lambda ch: plain(ch) == plain(c),
              (lambda ch: _same_value(_option_value(ch), value)) if value
              else (lambda ch: normalize_text(ch) == normalize_text(c))]

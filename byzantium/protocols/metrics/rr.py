@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import fisher_exact
 
-from ..tasks import is_correct, normalize_answer
-from .plurality import plurality
+from ...tasks import is_correct, normalize_answer
+from ..plurality import plurality
 
 SCALING_MS = (1, 5, 10, 20, 30, 40)
 K_SWEEP = (10, 30, 75, 150, 300, 500)

@@ -23,9 +23,9 @@ than hides, what fell back: answers that did not parse, scores that fell back to
 0.0 (the call raised), refinements that did not parse, CP-WBFT solves without `Confidence:` (read as 0.0), and
 decoy adversaries that fell back to the fixed wrong answer.
 """
-from ..tasks import is_correct, normalize_answer
-from .cpwbft import find_confidence
-from .plurality import plurality
+from ...tasks import is_correct, normalize_answer
+from ..cpwbft import find_confidence
+from ..plurality import plurality
 
 # Failure counts summed over instances (every one is also in each instance's metrics).
 COUNTS = ("answer_parse_failures", "score_failures", "score_errors", "refine_parse_failures",
