@@ -205,7 +205,7 @@ def main():
             base_url, server = args.url.rstrip("/"), f"`{args.url}` (already running)"
         else:
             from byzantium.backends import LLMPool
-            from byzantium.server import ServerThread, build_app
+            from byzantium.server.app import ServerThread, build_app
             pool = stack.enter_context(LLMPool("native", device=args.device,
                                                **({"dtype": args.dtype} if args.dtype else {})))
             llm = pool.get(args.model)

@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "byzantium"
 
 # layer -> the sibling packages/modules of byzantium it must never import
 # On top, beside the CLI: the HTTP server, and sweeps (which run `byzantium run` commands, cell by cell).
-TOP = {"server", "server_routes", "server_metrics", "sweep", "sweep_config"}
+TOP = {"server", "sweep", "sweep_config"}
 FORBIDDEN = {
     "protocols": {"engine", "cli", "experiments"} | TOP,
     "kernels": {"engine", "backends", "protocols", "experiments", "cli"} | TOP,

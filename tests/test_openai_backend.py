@@ -30,7 +30,7 @@ MSGS = [{"role": "system", "content": "Answer briefly."},
 @pytest.fixture(scope="module")
 def served(smollm2_dir):
     """(native LLM, the server's base URL, an OpenAILLM on it): one engine behind both."""
-    from byzantium.server import ServerThread, build_app
+    from byzantium.server.app import ServerThread, build_app
     native = load_llm("smollm2-135m", backend="native", num_blocks=1024)  # named as the server names it
     try:
         with ServerThread(build_app({"smollm2-135m": native}, api_key=KEY)) as url:
@@ -212,7 +212,7 @@ def plain_server(served):
     """A stand-in OpenAI-compatible server: no logprobs, and it refuses fields it does not know."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
-    from byzantium.server import ServerThread
+    from byzantium.server.app import ServerThread
     app, seen = FastAPI(), []
     known = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "logprobs"}
 

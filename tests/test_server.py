@@ -31,12 +31,12 @@ def llm(smollm2_dir):
 
 
 def serve(app):
-    from byzantium.server import ServerThread
+    from byzantium.server.app import ServerThread
     return ServerThread(app)
 
 
 def build(llm, **kwargs):
-    from byzantium.server import build_app
+    from byzantium.server.app import build_app
     return build_app({MODEL: llm}, **kwargs)
 
 
@@ -556,7 +556,7 @@ def test_sessions_keep_their_cache_and_match_the_engine(llm, http):
 def test_several_models_routed_by_name(llm, tiny_llama):
     """Two models in one server: each request goes to the engine its `model` names."""
     from byzantium.backends import load_llm
-    from byzantium.server import build_app
+    from byzantium.server.app import build_app
     model, path = tiny_llama
     tiny = load_llm(path, num_blocks=64)
     try:

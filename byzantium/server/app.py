@@ -1,109 +1,20 @@
-"""An OpenAI-compatible HTTP server on the engine: `byzantium serve`.
-
-    app = build_app({"smollm2-135m": llm})          # name -> NativeLLM; one AsyncEngine per model
-    with ServerThread(app) as url: ...              # uvicorn in a thread, on a free port (tests, embedding)
-
-Every request of every client becomes a request of its model's AsyncEngine, so concurrent clients share
-forward passes and the prefix cache. Endpoints: GET /health, GET /metrics (Prometheus), GET /v1/models,
-POST /v1/completions, POST /v1/chat/completions (both with stream, n, logprobs, usage with cached tokens),
-and our own /v1/sessions (open, append, continue, close), which keep an agent's context in the KV cache
-between turns so that round-robin over HTTP prefills only the new tokens.
-
-Extensions, named as vLLM names them where it has them: `return_token_ids`, `return_tokens_as_token_ids`,
-`top_k`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`, and a message's `"untrusted": true`
-(its content tokenized as plain text: no special tokens parsed). Unknown fields are ignored.
-Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
-"""
+"""The server's app: its state (the models served, admission, prompts, running requests), build_app,
+ServerThread (uvicorn in a thread) and the `byzantium serve` command."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
-from .backends.params import SamplingParams
-from .engine.chat import ChatTemplateError, render_chat
+from ..backends.params import SamplingParams
+from ..engine.chat import ChatTemplateError, render_chat
+from .metrics import Metrics
+from .routes import add_routes
+from .schemas import APIError
 
-MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's limit)
 KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
-
-
-class APIError(Exception):
-    def __init__(self, status, message, type="invalid_request_error", param=None, code=None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-
-def error_response(status, message, type="invalid_request_error", param=None, code=None):
-    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}}, status)
-
-
-# -- request bodies (unknown fields ignored) ---------------------------------------------------------------
-class Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    n: int = Field(1, ge=1, le=64)
-    stream: bool = False
-    stream_options: dict | None = None
-    return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
-
-
-class CompletionRequest(Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
-    content: str | list[dict] | None = None
-    untrusted: bool | None = None
-
-
-class ChatRequest(Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    chat_template_kwargs: dict[str, Any] | None = None
-
-
-class SessionOpen(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str
-    prompt: str | list[int] | None = None
-    messages: list[Message] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-
-class SessionAppend(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    text: str | None = None
-    token_ids: list[int] | None = None
-
-
-class SessionContinue(Sampling):
-    model: str | None = None  # the session's model
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 # -- the server ---------------------------------------------------------------------------------------------
@@ -134,7 +45,6 @@ class Server:
         self.api_key, self.max_waiting, self.max_body_bytes = api_key, max_waiting, max_body_bytes
         self.max_sessions = max_sessions
         self.sessions = {}  # id -> (Served, Session)
-        from .server_metrics import Metrics
         self.metrics = Metrics(self)
 
     # -- checks ----------------------------------------------------------------------------------------
@@ -240,69 +150,12 @@ class Server:
                 "total_tokens": sum(prompt_lens) + generated, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _token_text(tokenizer, token_id, as_ids):
-    if as_ids or tokenizer is None:
-        return f"token_id:{token_id}"
-    return tokenizer.decode([token_id])
-
-
-def chat_logprobs(tokenizer, token_ids, logprobs, top, as_ids):
-    """OpenAI's chat logprobs.content for generated tokens (each entry: the token, then its top ones)."""
-    content = []
-    for token_id, entry in zip(token_ids, logprobs or []):
-        text = _token_text(tokenizer, token_id, as_ids)
-        ranked = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
-        content.append({"token": text, "logprob": entry[token_id], "bytes": list(text.encode()),
-                        "top_logprobs": [{"token": (t := _token_text(tokenizer, i, as_ids)), "logprob": lp,
-                                          "bytes": list(t.encode())} for i, lp in ranked]})
-    return {"content": content}
-
-
-def completion_logprobs(tokenizer, token_ids, logprobs, top, as_ids, offset=0):
-    """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens, values, tops, offsets = [], [], [], []
-    for token_id, entry in zip(token_ids, logprobs or []):
-        text = _token_text(tokenizer, token_id, as_ids)
-        tokens.append(text)
-        values.append(entry[token_id])
-        tops.append({_token_text(tokenizer, i, as_ids): lp for i, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:top]})
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
-
-
-class TextStream:
-    """The text of a streamed request, sent as deltas that reassemble to exactly the final text: a
-    partly decoded character, or an ending that may be the start of a stop string, waits."""
-
-    def __init__(self, tokenizer, stops):
-        self.tokenizer, self.stops, self.sent = tokenizer, stops, ""
-
-    def delta(self, token_ids, final_text=None):
-        if final_text is not None:
-            text = final_text
-        elif self.tokenizer is None:
-            return ""
-        else:
-            text = self.tokenizer.decode(token_ids, skip_special_tokens=True).rstrip("\ufffd")
-            hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - hold]
-        if not text.startswith(self.sent):  # decoding more tokens changed earlier text: wait for more
-            return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta
-
-
-def sse(data):
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
-
 
 def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024) -> FastAPI:
     """The app for {served name: NativeLLM}; api_key set: every /v1 route wants `Authorization: Bearer KEY`."""
     server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions)
     app = FastAPI(title="Byzantium", docs_url=None, redoc_url=None)
     app.state.server = server
-    from .server_routes import add_routes
     add_routes(app, server)
     return app
 
@@ -384,5 +237,3 @@ def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, ma
         uvicorn.run(build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions), host=host, port=port,
                     log_level="info")
 
-
-__all__ = ["APIError", "ServerThread", "build_app", "serve"]

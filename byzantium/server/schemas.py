@@ -1,0 +1,123 @@
+"""Request bodies and error shapes of the OpenAI-compatible server.
+
+Bodies are pydantic models that ignore unknown fields; sampling_params turns one into the engine's
+SamplingParams. Extensions, named as vLLM names them where it has them: `return_token_ids`,
+`return_tokens_as_token_ids`, `top_k`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`, and a
+message's `"untrusted": true` (its content tokenized as plain text: no special tokens parsed).
+Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..backends.params import SamplingParams
+
+MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's limit)
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+class APIError(Exception):
+    def __init__(self, status, message, type="invalid_request_error", param=None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+def error_body(message, type="invalid_request_error", param=None, code=None):
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(status, message, type="invalid_request_error", param=None, code=None):
+    return JSONResponse(error_body(message, type, param, code), status)
+
+
+def validation_error_response(error: RequestValidationError):
+    """A body that failed to parse or validate, as a 400 naming the first field at fault."""
+    first = error.errors()[0] if error.errors() else {}
+    if first.get("type") == "json_invalid":
+        return error_response(400, f"malformed JSON in the request body: {first.get('msg', '')}")
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = loc[0] if loc else None
+    where = ".".join(loc) if loc else "the request body"
+    return error_response(400, f"{where}: {first.get('msg', 'invalid value')}", param=param)
+
+
+# -- request bodies (unknown fields ignored) ---------------------------------------------------------------
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    n: int = Field(1, ge=1, le=64)
+    stream: bool = False
+    stream_options: dict | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: str | list[dict] | None = None
+    untrusted: bool | None = None
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class SessionOpen(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    prompt: str | list[int] | None = None
+    messages: list[Message] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class SessionAppend(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str | None = None
+    token_ids: list[int] | None = None
+
+
+class SessionContinue(Sampling):
+    model: str | None = None  # the session's model
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+
+def sampling_params(body, max_tokens, logprobs, index=0):
+    """SamplingParams of choice `index`: with a seed, choice i samples with seed + i (distinct choices)."""
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+            seed=None if body.seed is None else body.seed + index, stop=body.stop,
+            stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos, logprobs=logprobs,
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty)
+    except ValueError as error:  # the engine's own checks: name the field its message names
+        field = next((f for f in ("max_tokens", "temperature", "top_p", "top_k", "logprobs", "stop",
+                                  "presence_penalty", "frequency_penalty") if f in str(error)), None)
+        raise APIError(400, str(error), param=field)
