@@ -308,6 +308,8 @@ class Worker:
         env = {**os.environ, **(env or {})}
         if tree != ROOT:
             env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            # its own record of the CPU linear kernels measured here: the record's format may differ
+            env["BYZANTIUM_KERNEL_CHOICE"] = str(Path(tree) / ".linear_choice.json")
         worker_side = side.removesuffix("-before")
         self.proc = subprocess.Popen([python, str(Path(tree) / "bench" / "peers.py"), "--worker",
                                       f"{worker_side}:{workload}", "--spec", str(path)], stdin=subprocess.PIPE,
