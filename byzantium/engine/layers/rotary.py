@@ -27,6 +27,14 @@ def rotate_tables(cos, sin):
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
+def rope_at(positions, inv_freq, scaling, dtype):
+    """The tables apply_rope takes, [T, 1, D], computed from the positions as transformers does: no table
+    of every position (Gemma 3's would be 128k long, one per kind of layer)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = (freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)
+    return rotate_tables(cos.unsqueeze(1), sin.unsqueeze(1))
+
+
 def apply_rope(x, cos, signed_sin):
     """x [T, H, D]; cos = cat(c, c), signed_sin = cat(-s, s), each [T, 1, D]: transformers' rotate-half
     x * cos + rotate_half(x) * sin, with the sign folded into the table so rotate_half is a roll."""

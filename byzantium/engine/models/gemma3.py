@@ -11,8 +11,9 @@ Sliding-window layers really attend within their window (the attention ops' `win
 sees keys (p - W, p]. The KV cache still keeps every token of every layer: freeing the blocks that fell out of
 all windows is a later optimisation.
 
-Reads top to bottom: rope, attention, MLP, decoder layer, model, weight loading (the blocks: engine/layers/). Inputs are packed as in
-llama.py ([T] tokens of all sequences of a step, `meta` from runner.AttentionMetadata).
+Reads top to bottom: rope settings, attention, MLP, decoder layer, model, weight loading; the blocks (norm,
+rope, paged attention, gated MLP) are engine/layers/'s. Inputs are packed as in llama.py ([T] tokens of all
+sequences of a step, `meta` from runner.AttentionMetadata).
 """
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from ...kernels.notices import warn_once
 from ..layers.attention import PagedAttention
 from ..layers.mlp import GatedMLP
 from ..layers.norm import GemmaRMSNorm
-from ..layers.rotary import apply_rope
+from ..layers.rotary import apply_rope, rope_at
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -165,18 +166,11 @@ class Gemma3ForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def _rope(self, kind, positions, dtype):
-        """cos = cat(c, c), signed sin = cat(-s, s), [T, 1, D] (llama.apply_rope's tables), computed from the
-        positions as transformers does: no table of every position (Gemma 3's are 128k long, times two)."""
-        freqs = positions.float()[:, None] * getattr(self, f"inv_freq_{kind}")[None, :]
-        scaling = self.rope_scaling[kind]
-        cos, sin = (freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)
-        return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
-
     def forward(self, input_ids, positions, meta, kv_cache):
         """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""
         x = self.model.embed_tokens(input_ids) * self.embed_scale
-        rope = {kind: self._rope(kind, positions, x.dtype) for kind in self.layer_kinds}
+        rope = {kind: rope_at(positions, getattr(self, f"inv_freq_{kind}"), self.rope_scaling[kind], x.dtype)
+                for kind in self.layer_kinds}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, *rope[layer.layer_type], meta, kv_cache[i, 0], kv_cache[i, 1])
         return self.model.norm(x)
