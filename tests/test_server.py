@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (byzantium/server.py), end to end: the real server in a thread on the
+"""The OpenAI-compatible server (byzantium/server/), end to end: the real server in a thread on the
 embedded SmolLM2, spoken to with the official `openai` client (and raw HTTP for error bodies and SSE).
 
 What it answers is checked against the same engine called in-process (never against fixed strings):

@@ -1,16 +1,25 @@
 """An OpenAI-compatible HTTP server on the engine: `byzantium serve`.
 
-    app = build_app({"smollm2-135m": llm})          # name -> NativeLLM; one AsyncEngine per model (app.py)
+    app = build_app({"smollm2-135m": llm})          # name -> NativeLLM; one AsyncEngine per model
     with ServerThread(app) as url: ...              # uvicorn in a thread, on a free port (tests, embedding)
 
 Every request of every client becomes a request of its model's AsyncEngine, so concurrent clients share
-forward passes and the prefix cache. Endpoints (routes.py): GET /health, GET /metrics (Prometheus,
-metrics.py), GET /v1/models, POST /v1/completions, POST /v1/chat/completions (both with stream, n, logprobs,
-usage with cached tokens), and our own /v1/sessions (open, append, continue, close), which keep an agent's
-context in the KV cache between turns so that round-robin over HTTP prefills only the new tokens.
-Request bodies, their extensions and the error shape: schemas.py. Imports point one way:
-app -> routes -> schemas, app -> metrics.
-"""
-from .app import add_serve_args, cmd_serve
+forward passes and the prefix cache. Endpoints: GET /health, GET /metrics (Prometheus), GET /v1/models,
+POST /v1/completions, POST /v1/chat/completions (both with stream, n, logprobs, usage with cached tokens),
+and our own /v1/sessions (open, append, continue, close), which keep an agent's context in the KV cache
+between turns so that round-robin over HTTP prefills only the new tokens.
 
-__all__ = ["add_serve_args", "cmd_serve"]
+The files, each importing only those below it:
+    app.py        build_app, ServerThread, serve and the `byzantium serve` command
+    routes.py     the routes and error handlers
+    streaming.py  streamed choices as server-sent events
+    guard.py      the API key and body size middleware
+    state.py      the models served, admission, prompts, running requests, usage
+    metrics.py    the Prometheus metrics
+    responses.py  ids, finish reasons, logprobs, text deltas, events
+    schemas.py    request bodies, their sampling params, the error shape
+"""
+from .app import ServerThread, add_serve_args, build_app, cmd_serve, serve
+from .schemas import APIError
+
+__all__ = ["APIError", "ServerThread", "add_serve_args", "build_app", "cmd_serve", "serve"]

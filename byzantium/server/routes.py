@@ -2,6 +2,8 @@
 /v1/chat/completions and our /v1/sessions, with the error handlers and the Guard middleware."""
 from __future__ import annotations
 
+import time
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
