@@ -162,9 +162,9 @@ class RayLLM(LLM):
         self.engine_kwargs = dict(engine_kwargs)
         self.replicas = []
         for slot in range(replicas):
-            self._start(slot)
+            self.start_replica(slot)
 
-    def _start(self, slot, restarts=0):
+    def start_replica(self, slot, restarts=0):
         import ray
         p = self.placement
         actor = ray.remote(ReplicaEngine).options(

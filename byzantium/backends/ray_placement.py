@@ -110,7 +110,7 @@ class Placement:
         replica.alive = False
         why = f" ({type(error).__name__})" if error is not None else ""
         if replica.restarts < MAX_RESTARTS:
-            new = replica.llm._start(replica.slot, replica.restarts + 1)
+            new = replica.llm.start_replica(replica.slot, replica.restarts + 1)
             print(f"byzantium: replica {replica.id} died{why}; its instances run again elsewhere; "
                   f"starting {new.id}", file=sys.stderr)
         else:
