@@ -11,7 +11,7 @@
     byzantium plot DIR... [--out PLOTDIR]            the papers' figures as PNGs
     byzantium profile run <method> ...  a run with the engine profiling: profile.json, trace.json and
                                         profile.png in its out dir, a table per tag and phase
-    byzantium serve --model M ...       an OpenAI-compatible server on the engine (see server.py)
+    byzantium serve --model M ...       an OpenAI-compatible server on the engine (see server/)
 
     byzantium run rrmaj --agents 5 --corrupt 3 --chunk 32 --trajectories 5 --max-len 128 \
         --attack strong --task gen-track --limit 20 --out runs/rrmaj
