@@ -68,3 +68,17 @@ def test_smollm2_chat_matches_transformers(smollm2_dir, smollm2_engine):
         for i, conv in enumerate(conversations):
             ref = hf(torch.tensor([smollm2_engine.render_chat(conv)])).logits[0, -1]
             torch.testing.assert_close(logits[i], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rope_scaling", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "linear", "factor": 2.0}])
+def test_scaled_rope_matches_transformers(tmp_path, rope_scaling):
+    # Llama 3.x ships llama3 rope scaling: its tables are computed while the model is built on meta.
+    from conftest import build_tiny
+    hf = build_tiny("llama", rope_scaling=rope_scaling, rope_theta=500000.0)
+    hf.save_pretrained(tmp_path)
+    engine = Engine(tmp_path, num_blocks=64)
+    prompt = random_prompts([90], seed=9)[0]  # past the original 64 positions
+    assert engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids == hf_greedy(hf, prompt, 12)

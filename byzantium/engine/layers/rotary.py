@@ -4,22 +4,24 @@ import torch
 
 
 def rope_tables(config, head_dim, max_positions):
-    """cos, sin [max_positions, head_dim // 2] in fp32, with the config's rope scaling (transformers' own
-    init functions for the scaled types, so every variant matches the reference implementation)."""
+    """cos, sin [max_positions, head_dim // 2] in fp32 on the CPU, with the config's rope scaling
+    (transformers' own init functions for the scaled types, so every variant matches the reference
+    implementation). Computed on the CPU also while the model is built on the meta device."""
     # transformers 5 keeps rope settings in rope_parameters, 4.x in rope_scaling + rope_theta.
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        scaling = 1.0
-    elif rope_type == "dynamic":
+    if rope_type == "dynamic":
         raise NotImplementedError("dynamic rope scaling changes with sequence length and is not supported")
-    else:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-    freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
-    return freqs.cos() * scaling, freqs.sin() * scaling
+    with torch.device("cpu"):
+        if rope_type == "default":
+            base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            scaling = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+        freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
+        return freqs.cos() * scaling, freqs.sin() * scaling
 
 
 def rotate_tables(cos, sin):
