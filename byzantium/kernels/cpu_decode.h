@@ -18,7 +18,10 @@
 #include "cpu_math.h"
 
 constexpr int64_t DECODE_AHEAD = 4;  // blocks prefetched ahead: a block computes faster than memory answers
-constexpr int64_t DECODE_CHUNK = 64;  // tokens of a walk step, whose rows stay in cache while every head reads them
+// Tokens of a walk step: at most DECODE_CHUNK (fewer calls, loads of the queries and stores of the sums), and
+// where the query heads of a KV head take several rounds, as many as keep its rows of the chunk (read again by
+// each round) within 16 KB of L1 (AVX2 at head size 64 lost a quarter of its speed with 256 tokens).
+constexpr int64_t DECODE_CHUNK = 256;
 
 // Query heads of a KV head taken together (more: in rounds over the chunk, whose rows are then in cache).
 // AVX2: as many as keep their value sums (heads x DV vectors) within 12 of its 16 registers: spilled, each of
@@ -37,14 +40,23 @@ inline void prefetch_block(const T* pool, const int32_t* table, int64_t blk, int
     for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char*)(rows + t * stride) + b, _MM_HINT_T1);
 }
 
-// A vector of a key or value row, for G query heads: loaded once into a register for all of them (GCC would
-// rather fold the load into each head's FMA, tripling the loads), or, for one head, left to fold into it.
-template <class V, int G, class T>
+// A vector of a key or value row, for G query heads. Loaded once into a register for all of them where their
+// vectors of the other operand fit in the registers too (GCC would rather fold the load into each head's FMA,
+// tripling the loads); else, and for one head, left to the compiler.
+template <class V, int DV, int G, class T>
 inline typename V::Vec row_vector(const T* p) {
-  if constexpr (G > 1)
+  if constexpr (G > 1 && (G + 1) * DV <= V::REGS * 3 / 4)
     return V::in_register(V::load(p));
   else
     return V::load(p);
+}
+
+// p, opaque to the compiler, so that the row's vectors are loaded from p + a constant: GCC would rather keep
+// offset + W i for each vector i in a register of its own (more than there are, spilled and reloaded).
+template <class V, class T>
+inline const T* row_start(const T* p) {
+  asm("" : "+r"(p));
+  return p;
 }
 
 // scores[g][0:n] = q[g] . key t for n keys (rows[t] + offset) and G query heads (q scaled, [G][D]): a key
@@ -64,8 +76,9 @@ void score_chunk(const float* q, const T* const* rows, int64_t offset, int64_t n
         for (int g = 0; g < G; ++g) partial[g][t] = V::zero();
         continue;
       }
+      const T* k = row_start<V>(rows[j0 + t] + offset);
       Vec kv[DV];
-      for (int i = 0; i < DV; ++i) kv[i] = row_vector<V, G>(rows[j0 + t] + offset + W * i);
+      for (int i = 0; i < DV; ++i) kv[i] = row_vector<V, DV, G>(k + W * i);
       for (int g = 0; g < G; ++g) {
         Vec a = V::mul(qv[g][0], kv[0]);
         for (int i = 1; i < DV; ++i) a = V::fmadd(qv[g][i], kv[i], a);
@@ -85,8 +98,9 @@ void value_chunk(const float* p, int64_t ld, const T* const* rows, int64_t offse
   for (int g = 0; g < G; ++g)
     for (int i = 0; i < DV; ++i) a[g][i] = V::load(acc + g * D + W * i);
   for (int64_t t = 0; t < n; ++t) {
+    const T* v = row_start<V>(rows[t] + offset);
     Vec vv[DV];
-    for (int i = 0; i < DV; ++i) vv[i] = row_vector<V, G>(rows[t] + offset + W * i);
+    for (int i = 0; i < DV; ++i) vv[i] = row_vector<V, DV, G>(v + W * i);
     for (int g = 0; g < G; ++g) {
       const Vec w = V::set1(p[g * ld + t]);
       for (int i = 0; i < DV; ++i) a[g][i] = V::fmadd(w, vv[i], a[g][i]);
@@ -134,7 +148,7 @@ float softmax_numerators(float* s, int64_t length) {
   return 1.f / V::reduce_add(sum);
 }
 
-// One work item: scores, softmax, weighted values. The passes walk the block table DECODE_CHUNK tokens at a
+// One work item: scores, softmax, weighted values. The passes walk the block table a chunk of tokens at a
 // time, and at each block prefetch the one DECODE_AHEAD further on (all the item's rows of each slot).
 template <class V, int DV, class T>
 void decode_item(const DecodeItem<T>& a, std::vector<float>& scratch) {
@@ -144,10 +158,12 @@ void decode_item(const DecodeItem<T>& a, std::vector<float>& scratch) {
   float *q = scratch.data(), *acc = q + heads * D, *inv = acc + heads * D, *scores = inv + heads;
   const float* q_in = a.q + a.first_kv * a.group * D;  // the item's query heads are consecutive
   for (int64_t i = 0; i < heads * D; ++i) q[i] = q_in[i] * a.scale;
+  const int64_t chunk = a.group <= R ? DECODE_CHUNK
+                                      : std::clamp<int64_t>(16384 / (D * sizeof(T)) / W * W, W, DECODE_CHUNK);
   const T* rows[DECODE_CHUNK];  // the chunk's slots: the item's first row of each
   auto chunks = [&](const T* pool, auto fn) {
-    for (int64_t c0 = 0, blk = 0, offset = 0; c0 < a.length; c0 += DECODE_CHUNK) {
-      const int64_t n = std::min(DECODE_CHUNK, a.length - c0);
+    for (int64_t c0 = 0, blk = 0, offset = 0; c0 < a.length; c0 += chunk) {
+      const int64_t n = std::min(chunk, a.length - c0);
       for (int64_t t = 0; t < n; ++t) {
         if (offset == 0)
           prefetch_block<V>(pool, a.table, blk + DECODE_AHEAD, c0 + t + DECODE_AHEAD * a.block_size, a.length,

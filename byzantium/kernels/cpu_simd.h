@@ -37,7 +37,7 @@ inline float bf16_float(uint16_t x) {
 struct Avx2 {
   using Vec = __m256;
   using Mask = __m256;  // all ones in the lanes where true
-  static constexpr int W = 8;
+  static constexpr int W = 8, REGS = 16;  // lanes, vector registers
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec set1(float x) { return _mm256_set1_ps(x); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
@@ -113,7 +113,7 @@ struct Avx2 {
 struct Avx512 {
   using Vec = __m512;
   using Mask = __mmask16;
-  static constexpr int W = 16;
+  static constexpr int W = 16, REGS = 32;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec set1(float x) { return _mm512_set1_ps(x); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
