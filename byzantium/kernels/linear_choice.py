@@ -72,7 +72,7 @@ class Panels(Candidate):
 
 
 class Panels512(Panels):
-    """The same with AVX-512 (kernels/cpu_gemm512.cpp): panels of 32 columns, blocks of 14 rows."""
+    """The same with AVX-512 (kernels/cpu_gemm.h at AVX-512 width): panels of 32 columns, blocks of 14 rows."""
     name = "panels512"
     PANEL = 32
 
@@ -84,7 +84,7 @@ class Panels512(Panels):
 
 
 class PanelsBF16(Panels):
-    """bf16 weights on the bf16 units where the CPU has avx512_bf16 (kernels/cpu_gemm_bf16.cpp): panels of 32
+    """bf16 weights on the bf16 units where the CPU has avx512_bf16 (kernels/cpu_gemm.h on the bf16 traits): panels of 32
     columns holding (k, k + 1) weight pairs, fp32 sums rounded once; the bias is added in fp32."""
     name = "panels_bf16"
     PANEL = 32

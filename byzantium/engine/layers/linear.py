@@ -2,7 +2,7 @@
 measured fastest on this machine (kernels/linear_choice.py).
 
 The candidates: Byzantium's panel GEMM (kernels/cpu_gemm.cpp, fp32, when the CPU kernels build; its
-AVX-512 variant cpu_gemm512.cpp where the CPU has AVX-512), oneDNN's prepacked weights (the path
+AVX-512 instantiation where the CPU has AVX-512), oneDNN's prepacked weights (the path
 torch.compile's CPU freezing takes; bf16 on CPUs with bf16 units) and plain F.linear (transformers' path,
 where it is batch-invariant). Decode and prefill rows run on the same kernel, so a token's K/V do not
 depend on the pass that computed it. Only the packed layouts are kept (a tied lm_head's weight still
