@@ -234,6 +234,7 @@ def add_backend_args(ap):
     ap.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                     help="native: prompt-lookup draft tokens a request may take a step (the tokens stay those of "
                          "plain decoding; default 4 on CPU, 0 = off, which is the default on CUDA)")
+    add_model_split_args(ap)
     ap.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                     help="run each model as replicas on Ray (pip install 'byzantium[ray]'): at ADDRESS (a cluster, "
                          "e.g. HOST:6379), or without one on a local Ray instance. Each problem runs on one replica; "
@@ -243,6 +244,27 @@ def add_backend_args(ap):
     ap.add_argument("--ray-gpus-per-replica", type=float, default=None, metavar="F",
                     help="--ray: GPUs per replica, a fraction to share a GPU between small models "
                          "(default 1 on a cluster with GPUs, else 0)")
+
+
+def add_model_split_args(ap):
+    """How a native engine holds a model too big for one device: the flags `run`, `sweep` and `serve` share."""
+    ap.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                    help="native: split each model over N devices (one process per rank; NCCL on CUDA, gloo on "
+                         "the CPU); with --ray a replica is one such group on one node (default 1)")
+    ap.add_argument("--quantization", choices=("fp8",), default=None,
+                    help="native: fp8 quantizes the weights at load (e4m3, one scale per output channel); "
+                         "FP8 checkpoints (compressed-tensors) load as FP8 without it")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None,
+                    help="native: fp8 stores K/V as e4m3 (half the KV memory of bf16); default: the model's dtype")
+
+
+def split_kwargs(args) -> dict:
+    """The engine options of add_model_split_args's flags that were given."""
+    names = ("tensor_parallel_size", "quantization", "kv_cache_dtype")
+    kwargs = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if kwargs.get("tensor_parallel_size", 1) < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {kwargs['tensor_parallel_size']}")
+    return kwargs
 
 
 def pool_kwargs(args) -> dict:
@@ -260,9 +282,11 @@ def pool_kwargs(args) -> dict:
         kwargs = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
         fraction, eager = getattr(args, "memory_fraction", None), getattr(args, "enforce_eager", False)
         speculative = getattr(args, "num_speculative_tokens", None)
-        if args.backend != "native" and (fraction is not None or eager or speculative is not None):
-            raise ValueError(f"--memory-fraction, --enforce-eager and --num-speculative-tokens are for --backend "
-                             f"native, not {args.backend}")
+        split = split_kwargs(args)
+        if args.backend != "native" and (fraction is not None or eager or speculative is not None or split):
+            raise ValueError(f"--memory-fraction, --enforce-eager, --num-speculative-tokens, --tensor-parallel-size, "
+                             f"--quantization and --kv-cache-dtype are for --backend native, not {args.backend}")
+        kwargs.update(split)
         if speculative is not None:
             if speculative < 0:
                 raise ValueError(f"--num-speculative-tokens must be >= 0, got {speculative}")
@@ -276,7 +300,8 @@ def pool_kwargs(args) -> dict:
         if ray is not None:
             kwargs.update(ray=ray, ray_replicas=args.ray_replicas, ray_gpus_per_replica=args.ray_gpus_per_replica)
         return kwargs
-    for flag in ("memory_fraction", "enforce_eager", "num_speculative_tokens"):
+    for flag in ("memory_fraction", "enforce_eager", "num_speculative_tokens", "tensor_parallel_size", "quantization",
+                 "kv_cache_dtype"):
         if getattr(args, flag, None) not in (None, False):
             raise ValueError(f"--{flag.replace('_', '-')} is for --backend native: the server plans its own memory")
     if not getattr(args, "base_url", None):
@@ -299,5 +324,5 @@ def check_models(args, names):
 
 
 __all__ = ["BACKENDS", "LOCAL_BACKENDS", "LLM", "Completion", "LLMPool", "PLACEMENT", "SamplingParams",
-           "add_backend_args", "check_model", "check_models", "check_openai_models", "current_placement", "load_llm",
-           "pool_kwargs"]
+           "add_backend_args", "add_model_split_args", "check_model", "check_models", "check_openai_models", "current_placement", "load_llm",
+           "pool_kwargs", "split_kwargs"]

@@ -12,7 +12,10 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float3
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
-POSITIVE = ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len", "speculative_max_rows")
+POSITIVE = ("block_size", "num_blocks", "max_num_seqs", "max_batch_tokens", "max_model_len", "speculative_max_rows",
+            "tensor_parallel_size")
+QUANTIZATIONS = ("fp8",)  # --quantization: quantize the checkpoint's weights at load
+KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype
 
 
 @dataclass
@@ -35,6 +38,9 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs
     num_speculative_tokens: int | None = None  # prompt-lookup drafts; None: 4 on the CPU, off on CUDA
     speculative_max_rows: int | None = None  # rows a step may hold with drafts; None: 32
+    tensor_parallel_size: int = 1  # ranks the model is split over, one process each (tensor_parallel.py)
+    quantization: str | None = None  # "fp8": weights quantized at load; None: as the checkpoint stores them
+    kv_cache_dtype: str = "auto"  # "fp8": K/V stored as e4m3; "auto": the model's dtype
 
     def __post_init__(self):
         for name in POSITIVE:
@@ -44,6 +50,10 @@ class EngineConfig:
         tokens = self.num_speculative_tokens
         if tokens is not None and (not isinstance(tokens, int) or tokens < 0):
             raise ValueError(f"num_speculative_tokens must be an integer >= 0, got {tokens!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {self.quantization!r}; known: {', '.join(QUANTIZATIONS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; known: {', '.join(KV_CACHE_DTYPES)}")
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
 

@@ -8,7 +8,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from ..backends import LLMPool, check_model
+from ..backends import LLMPool, add_model_split_args, check_model, split_kwargs
 from .routes import add_routes
 from .state import Server
 
@@ -58,6 +58,7 @@ def add_serve_args(ap):
     ap.add_argument("--max-num-seqs", type=int, default=256, help="sequences one engine step may batch (default 256)")
     ap.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                     help="prompt-lookup draft tokens a request may take a step (default 4 on CPU, 0 = off on CUDA)")
+    add_model_split_args(ap)
     ap.add_argument("--max-waiting", type=int, default=512,
                     help="requests a model may have waiting for a place in the batch; more get 429 (default 512)")
     ap.add_argument("--max-body-mb", type=float, default=8, help="largest request body in MiB; larger get 413 (default 8)")
@@ -76,12 +77,14 @@ def cmd_serve(args):
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.max_body_mb <= 0:
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
+    split = split_kwargs(args)
     for name in models:
         check_model(name)
     if args.num_speculative_tokens is not None and args.num_speculative_tokens < 0:
         raise ValueError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
     engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype),
                                 ("num_speculative_tokens", args.num_speculative_tokens)) if v is not None}
+    engine.update(split)
     serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
           args.max_sessions, max_num_seqs=args.max_num_seqs, **engine)
 
