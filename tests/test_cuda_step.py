@@ -57,10 +57,10 @@ def test_staged_step_equals_the_list_step(tiny_llama, monkeypatch):
     engine = make_engine(path)
     runner, checked = engine.runner, []
 
-    def prepare(rows, pad_to=None):
-        staged = ModelRunner.prepare(runner, rows, pad_to)
+    def tensors(step, pad_to=None):
+        staged = ModelRunner.tensors(runner, step, pad_to)
         buffers, runner.buffers = runner.buffers, None
-        listed = ModelRunner.prepare(runner, rows)
+        listed = ModelRunner.tensors(runner, step)
         runner.buffers = buffers
         for x, y in zip(staged[:2], listed[:2]):
             assert x.dtype == y.dtype and torch.equal(x, y)
@@ -70,19 +70,20 @@ def test_staged_step_equals_the_list_step(tiny_llama, monkeypatch):
             assert (x is None) == (y is None), name
             if x is not None:
                 assert x.dtype == y.dtype and torch.equal(x, y), name
-        assert staged[2].num_decode == listed[2].num_decode and staged[3:] == listed[3:]
-        if staged[3]:
-            assert staged[2].logit_index.tolist() == staged[3]
-        checked.append({r.num_tokens > 1 for r in rows})
+        assert staged[2].num_decode == listed[2].num_decode
+        if step.logit_rows:
+            assert staged[2].logit_index.tolist() == step.logit_rows
+        checked.append({bool(step.decode_lens), bool(step.prefill_lens)})
         return staged
 
-    runner.prepare = prepare
+    runner.tensors = tensors
     prompts = random_prompts([70, 5, 33, 12, 90], seed=31)  # 70 and 90 > max_batch_tokens: chunked
     outs = engine.generate(prompts, SamplingParams(max_tokens=6))
     plain = Engine(path, device="cpu", num_blocks=96, max_num_seqs=MAX_SEQS, max_batch_tokens=MAX_TOKENS,
                    attention_backend="torch")
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(prompts, SamplingParams(max_tokens=6))]
-    assert {False} in checked and {True} in checked and {False, True} in checked  # decode, prefill, mixed
+    # (has decode rows, has prefill rows): decode, prefill and mixed steps were all checked
+    assert {True, False} in checked and {False, True} in checked and {True} in checked
 
 
 def test_padded_decode_step_matches_unpadded(tiny_llama):

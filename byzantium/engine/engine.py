@@ -308,7 +308,7 @@ class Engine(SyncAPI):
         drafts.mark_wasted()
         finished += sampled
         ended = {id(seq) for seq in finished + failed}
-        rider_rows = part_ways(riders, ended, self.block_manager, self.scheduler, self._copy_block, totals)
+        rider_rows = part_ways(riders, ended, self.block_manager, self.scheduler, self.runner.copy_block, totals)
         for seq in finished:
             self.scheduler.remove(seq)
         return finished + failed, rider_rows
@@ -319,9 +319,6 @@ class Engine(SyncAPI):
         self._stats.record(start, time.perf_counter() - start, step_rows + rider_rows,
                            len({r.seq.seq_id for r in rows}) + riders, self.block_manager.num_used,
                            cached_tokens, cache_hits, phase_seconds=phase_seconds)
-
-    def _copy_block(self, src, dst):
-        self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
 
     def _sample(self, logits, index, seqs):
         if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)

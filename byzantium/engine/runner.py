@@ -9,7 +9,7 @@ GPU in one non-blocking copy (StepBuffers: no tensor built from a list, no pagea
 single-token rows replay CUDA graphs (cuda_graphs.py). On the CPU the tensors are built from lists.
 """
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,10 +38,23 @@ def device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
-def _max_lens(prefill):
-    """What flash-attn sizes its grid with, known here on the host (reading it from the device would
-    sync once a layer)."""
-    return (max(r.num_tokens for r in prefill), max(r.end for r in prefill)) if prefill else None
+@dataclass
+class StepPlan:
+    """A step's inputs as plain lists, rows ordered decode rows first."""
+    input_ids: list = field(default_factory=list)
+    positions: list = field(default_factory=list)
+    slot_mapping: list = field(default_factory=list)  # the cache slot of every new token
+    logit_rows: list = field(default_factory=list)  # the packed rows whose logits are wanted
+    decode_lens: list = field(default_factory=list)  # per single-token row: its sequence's length
+    decode_tables: list = field(default_factory=list)  # ... and block table
+    prefill_tokens: list = field(default_factory=list)  # per longer row: its new tokens
+    prefill_lens: list = field(default_factory=list)
+    prefill_tables: list = field(default_factory=list)
+
+    def max_lens(self):
+        """What flash-attn sizes its grid with, known here on the host (reading it from the device would
+        sync once a layer)."""
+        return (max(self.prefill_tokens), max(self.prefill_lens)) if self.prefill_lens else None
 
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
@@ -128,6 +141,7 @@ class ModelRunner:
         self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, block_size, torch.device(device)
         self.ops = attention_ops(attention_backend, device)
         self.buffers = self.graphs = None
+        self.peers = None  # tensor parallelism: the other ranks (tensor_parallel.Peers), told every step
         if self.device.type != "cuda":
             self.graphs_off = f"eager ({self.device.type})"
         elif not (max_num_seqs and max_batch_tokens and max_model_len):
@@ -156,9 +170,33 @@ class ModelRunner:
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
 
-    def _block_tables(self, seqs):
-        width = max(len(s.block_table) for s in seqs)
-        return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32)
+    def _block_tables(self, tables):
+        width = max(len(t) for t in tables)
+        return self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32)
+
+    def plan(self, rows):
+        """(StepPlan, seqs): the step as plain lists (what every tensor-parallel rank builds its tensors from)
+        and the sequences its logit rows belong to."""
+        rows = sorted(rows, key=lambda row: row.num_tokens > 1)  # stable: single-token rows first
+        bs = self.block_size
+        step, seqs = StepPlan(), []
+        for row in rows:
+            seq, start, end = row.seq, row.start, row.end
+            step.input_ids.extend(seq.token_ids[start:end] if row.token is None else (row.token,))
+            step.positions.extend(range(start, end))
+            table = seq.block_table
+            step.slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if row.ends_sequence or row.verify:
+                step.logit_rows.append(len(step.input_ids) - 1)
+                seqs.append(seq)
+            if row.num_tokens == 1:
+                step.decode_lens.append(end)
+                step.decode_tables.append(table)
+            else:
+                step.prefill_tokens.append(row.num_tokens)
+                step.prefill_lens.append(end)
+                step.prefill_tables.append(table)
+        return step, seqs
 
     def prepare(self, rows, pad_to=None):
         """Returns (input_ids, positions, meta, logit_rows, seqs): logit_rows are the packed indices of the
@@ -166,60 +204,51 @@ class ModelRunner:
 
         pad_to (a graphed step: single-token rows, StepBuffers): add padding rows up to that many, with
         slot -1 and length 0, and block tables max_blocks wide."""
-        rows = sorted(rows, key=lambda row: row.num_tokens > 1)  # stable: single-token rows first
-        bs = self.block_size
-        input_ids, positions, slots, logit_rows, seqs = [], [], [], [], []
-        for row in rows:
-            seq, start, end = row.seq, row.start, row.end
-            input_ids.extend(seq.token_ids[start:end] if row.token is None else (row.token,))
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if row.ends_sequence or row.verify:
-                logit_rows.append(len(input_ids) - 1)
-                seqs.append(seq)
-        num_decode = sum(1 for row in rows if row.num_tokens == 1)
-        decode, prefill = rows[:num_decode], rows[num_decode:]
+        step, seqs = self.plan(rows)
+        return (*self.tensors(step, pad_to), step.logit_rows, seqs)
+
+    def tensors(self, step, pad_to=None):
+        """(input_ids, positions, meta) of a StepPlan, on the device."""
         cu = [0]
-        for row in prefill:
-            cu.append(cu[-1] + row.num_tokens)
+        for n in step.prefill_tokens:
+            cu.append(cu[-1] + n)
         if self.buffers is not None:
-            staged = self._stage(input_ids, positions, slots, logit_rows, decode, prefill, cu, pad_to)
+            staged = self._stage(step, cu, pad_to)
             if staged is not None:
-                return (*staged, logit_rows, seqs)
+                return staged
         if pad_to is not None:
             raise ValueError("pad_to needs the staged (CUDA) path and a step that fits its buffers")
+        decode, prefill = step.decode_lens, step.prefill_lens
         meta = AttentionMetadata(
             ops=self.ops,
-            slot_mapping=self._tensor(slots),
-            num_decode=num_decode,
-            decode_seq_lens=self._tensor([r.end for r in decode], torch.int32) if decode else None,
-            decode_block_tables=self._block_tables([r.seq for r in decode]) if decode else None,
+            slot_mapping=self._tensor(step.slot_mapping),
+            num_decode=len(decode),
+            decode_seq_lens=self._tensor(decode, torch.int32) if decode else None,
+            decode_block_tables=self._block_tables(step.decode_tables) if decode else None,
             cu_seqlens_q=self._tensor(cu, torch.int32) if prefill else None,
-            prefill_seq_lens=self._tensor([r.end for r in prefill], torch.int32) if prefill else None,
-            prefill_block_tables=self._block_tables([r.seq for r in prefill]) if prefill else None,
-            prefill_max_lens=_max_lens(prefill),
+            prefill_seq_lens=self._tensor(prefill, torch.int32) if prefill else None,
+            prefill_block_tables=self._block_tables(step.prefill_tables) if prefill else None,
+            prefill_max_lens=step.max_lens(),
         )
-        return self._tensor(input_ids), self._tensor(positions), meta, logit_rows, seqs
+        return self._tensor(step.input_ids), self._tensor(step.positions), meta
 
-    def _stage(self, input_ids, positions, slots, logit_rows, decode, prefill, cu, pad_to):
+    def _stage(self, step, cu, pad_to):
         """The step through StepBuffers: (input_ids, positions, meta), or None when it does not fit."""
-        decode_lens = [r.end for r in decode]
-        decode_tables = [r.seq.block_table for r in decode]
+        input_ids, positions, slots = step.input_ids, step.positions, step.slot_mapping
+        decode_lens, decode_tables = step.decode_lens, step.decode_tables
         decode_width = max((len(t) for t in decode_tables), default=0)
         if pad_to is not None:
-            if prefill or pad_to < len(decode):
+            if step.prefill_lens or pad_to < len(decode_lens):
                 raise ValueError(f"pad_to={pad_to} is for a step of at most {pad_to} single-token rows")
-            pad = pad_to - len(decode)
+            pad = pad_to - len(decode_lens)
             input_ids, positions, slots = input_ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad
             decode_lens = decode_lens + [0] * pad
             decode_width = self.buffers.max_blocks
-        prefill_tables = [r.seq.block_table for r in prefill]
-        prefill_width = max((len(t) for t in prefill_tables), default=0)
+        prefill_width = max((len(t) for t in step.prefill_tables), default=0)
         t = self.buffers.send({"input_ids": input_ids, "positions": positions, "slot_mapping": slots,
                                "decode_seq_lens": decode_lens, "decode_block_tables": decode_tables,
-                               "cu_seqlens_q": cu if prefill else [], "prefill_seq_lens": [r.end for r in prefill],
-                               "prefill_block_tables": prefill_tables, "logit_index": logit_rows},
+                               "cu_seqlens_q": cu if step.prefill_lens else [], "prefill_seq_lens": step.prefill_lens,
+                               "prefill_block_tables": step.prefill_tables, "logit_index": step.logit_rows},
                               decode_width, prefill_width)
         if t is None:
             return None
@@ -229,20 +258,34 @@ class ModelRunner:
             decode_seq_lens=t.get("decode_seq_lens"), decode_block_tables=t.get("decode_block_tables"),
             cu_seqlens_q=t.get("cu_seqlens_q"), prefill_seq_lens=t.get("prefill_seq_lens"),
             prefill_block_tables=t.get("prefill_block_tables"), logit_index=t.get("logit_index"),
-            prefill_max_lens=_max_lens(prefill))
+            prefill_max_lens=step.max_lens())
         return t["input_ids"], t["positions"], meta
 
     @torch.inference_mode()
     def run(self, rows):
         """One forward pass over the rows; returns (seqs, logits): the sequences that a row ends and their
         next-token logits (fp32, one row each, None when there are none); a sequence with draft rows comes
-        once per row, in position order."""
+        once per row, in position order. Under tensor parallelism the other ranks get the plan first."""
+        step, seqs = self.plan(rows)
         bucket = self.graphs.bucket(rows) if self.graphs is not None else None
-        input_ids, positions, meta, logit_rows, seqs = self.prepare(rows, pad_to=bucket)
-        with device_guard(self.device):  # Triton launches on the current device, not the tensors'
-            return self._forward(bucket, input_ids, positions, meta, logit_rows, seqs)
+        if self.peers is not None:
+            self.peers.tell("run", step)
+        return seqs, self.execute(step, bucket)
 
-    def _forward(self, bucket, input_ids, positions, meta, logit_rows, seqs):
+    @torch.inference_mode()
+    def execute(self, step, bucket=None):
+        """The forward pass of a StepPlan: the logits of its logit rows (None when it has none)."""
+        input_ids, positions, meta = self.tensors(step, pad_to=bucket)
+        with device_guard(self.device):  # Triton launches on the current device, not the tensors'
+            return self._forward(bucket, input_ids, positions, meta, step.logit_rows)
+
+    def copy_block(self, src, dst):
+        """Copy a KV block (a rider parting from its leader's last block), on every rank."""
+        if self.peers is not None:
+            self.peers.tell("copy_block", (src, dst))
+        self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
+
+    def _forward(self, bucket, input_ids, positions, meta, logit_rows):
         forward = lambda: self.model(input_ids, positions, meta, self.kv_cache)  # noqa: E731
         if bucket is None:
             hidden = forward()
@@ -250,6 +293,6 @@ class ModelRunner:
             inputs = (input_ids, positions, meta.slot_mapping, meta.decode_seq_lens, meta.decode_block_tables)
             hidden = self.graphs.run(bucket, forward, tuple(t.data_ptr() for t in inputs))
         if not logit_rows:
-            return seqs, None
+            return None
         index = meta.logit_index if meta.logit_index is not None else self._tensor(logit_rows)
-        return seqs, self.model.compute_logits(hidden.index_select(0, index))
+        return self.model.compute_logits(hidden.index_select(0, index))

@@ -19,12 +19,15 @@ import torch
 from torch import nn
 
 from ...kernels.notices import warn_once
+from ..layers import parallel
 from ..layers.attention import PagedAttention
 from ..layers.mlp import GatedMLP
 from ..layers.norm import GemmaRMSNorm
 from ..layers.rotary import apply_rope, rope_at
+from ..weights import FP8, copy_weight
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+SKIPPED = (".input_scale", ".k_scale", ".v_scale")  # static FP8 scales: activations are scaled per token
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 
@@ -61,15 +64,16 @@ def rope_inv_freq(config, layer_type, head_dim):
 class Attention(nn.Module):
     def __init__(self, config, layer_type):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.num_heads = parallel.split(heads, "the attention heads")  # this rank's (layers/parallel.py)
+        self.num_kv_heads = parallel.kv_heads_per_rank(config.num_key_value_heads, heads)
         self.scale = config.query_pre_attn_scalar ** -0.5
         self.attn = PagedAttention(self.scale, config.sliding_window if layer_type == SLIDING else None)
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.qkv_proj = parallel.column(nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias))
+        self.o_proj = parallel.row(nn.Linear(self.q_size, config.hidden_size, bias=bias))
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -79,7 +83,7 @@ class Attention(nn.Module):
         q = apply_rope(self.q_norm(q.view(T, self.num_heads, self.head_dim)), cos, sin)
         k = apply_rope(self.k_norm(k.view(T, self.num_kv_heads, self.head_dim)), cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size))
+        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)))
 
 
 def mlp(config):
@@ -108,7 +112,7 @@ class DecoderLayer(nn.Module):
 class Gemma3Model(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = parallel.VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in layer_types(config))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -139,7 +143,8 @@ class Gemma3ForCausalLM(nn.Module):
         self.model = Gemma3Model(text)
         # A multimodal checkpoint ties (or not) at its top level, as transformers reads it.
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = nn.Linear(text.hidden_size, parallel.vocab_per_rank(text.vocab_size), bias=False)
+        parallel.vocab_parallel(self.lm_head.weight)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         attn = self.model.layers[0].self_attn
@@ -176,7 +181,7 @@ class Gemma3ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def compute_logits(self, hidden):
-        logits = self.lm_head(hidden).float()
+        logits = parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size)
         if self.final_softcap is not None:  # cap * tanh(logits / cap)
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -187,7 +192,7 @@ class Gemma3ForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in named_tensors:
-            if name.startswith(self.skipped) or "rotary_emb." in name:
+            if name.startswith(self.skipped) or "rotary_emb." in name or name.endswith(SKIPPED):
                 continue
             name = next((new + name[len(old):] for old, new in self.renames if name.startswith(old)), name)
             if name == "lm_head.weight" and self.tie_word_embeddings:
@@ -200,11 +205,13 @@ class Gemma3ForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch}")
             param = params[target]
-            with torch.no_grad():
-                if part is None:
-                    param.copy_(tensor)
-                else:
-                    param.narrow(0, *self._slice(target, part)).copy_(tensor)
+            dest, scale = param if part is None else param.narrow(0, *self._slice(target, part)), None
+            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read
+                scale_target = target.removesuffix("weight") + "weight_scale"
+                scale = params[scale_target]
+                scale = scale if part is None else scale.narrow(0, *self._slice(scale_target, part))
+                loaded.add((scale_target, part))
+            copy_weight(dest, tensor, parallel.cut_of(param), scale, name)
             loaded.add((target, part))
         expected = set()
         for target in params:
@@ -222,5 +229,5 @@ class Gemma3ForCausalLM(nn.Module):
             attn = self.model.layers[0].self_attn
             sizes = [attn.q_size, attn.kv_size, attn.kv_size]
         else:
-            sizes = [self.config.intermediate_size] * 2
+            sizes = [self.model.layers[0].mlp.down_proj.in_features] * 2  # this rank's intermediate channels
         return sum(sizes[:part]), sizes[part]

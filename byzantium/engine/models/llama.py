@@ -13,10 +13,12 @@ import re
 import torch
 from torch import nn
 
+from ..layers import parallel
 from ..layers.attention import PagedAttention
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import rope, rope_tables, rotate_tables
+from ..weights import FP8, copy_weight, rank_slice
 from .moe import SparseMoeBlock, is_sparse_layer
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -34,6 +36,10 @@ TEXT_TOWERS = {"Mistral3ForConditionalGeneration": (
     ("model.language_model.", "model."), ("lm_head.", "lm_head."),
     ("vision_tower.", None), ("multi_modal_projector.", None),
     ("model.vision_tower.", None), ("model.multi_modal_projector.", None))}
+
+# Checkpoint tensors not read: static FP8 activation and K/V scales (activations are scaled per token as
+# they come; an FP8 KV cache uses scale 1).
+SKIPPED = (".input_scale", ".k_scale", ".v_scale")
 
 # Qwen3-MoE experts: one tensor per expert and projection (checkpoints), or transformers 5's stacked ones.
 _EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
@@ -78,15 +84,16 @@ def _named(config):
 class Attention(nn.Module):
     def __init__(self, config, arch):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.num_heads = parallel.split(heads, "the attention heads")  # this rank's (layers/parallel.py)
+        self.num_kv_heads = parallel.kv_heads_per_rank(getattr(config, "num_key_value_heads", None) or heads, heads)
         self.scale = self.head_dim ** -0.5
         qkv_bias = arch == "Qwen2ForCausalLM" or bool(getattr(config, "attention_bias", False))
         o_bias = arch in O_BIAS and bool(getattr(config, "attention_bias", False))
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.qkv_proj = parallel.column(nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias))
+        self.o_proj = parallel.row(nn.Linear(self.q_size, config.hidden_size, bias=o_bias))
         self.attn = PagedAttention(self.scale)
         self.cpu_ops = None  # the compiled CPU kernels for the rope (use_cpu_ops)
         self.bf16_ops = False
@@ -107,7 +114,7 @@ class Attention(nn.Module):
             qk = self._rope(qkv[:, :self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
                             cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        return self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size))
+        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)))
 
     def _rope(self, x, cos, sin):
         return rope(x, cos, sin, self.cpu_ops, self.bf16_ops)
@@ -140,7 +147,7 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config, arch):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = parallel.VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, arch, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -163,7 +170,8 @@ class LlamaForCausalLM(nn.Module):
         # the checkpoint ships a head that differs from the embedding, as transformers does
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False)
                                         or getattr(text, "tie_word_embeddings", False))
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = nn.Linear(text.hidden_size, parallel.vocab_per_rank(text.vocab_size), bias=False)
+        parallel.vocab_parallel(self.lm_head.weight)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         attn = self.model.layers[0].self_attn
@@ -202,15 +210,16 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden):
-        return self.lm_head(hidden).float()
+        return parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size)
 
     def load_weights(self, named_tensors):
-        """Copy checkpoint tensors (transformers names) into our fused parameters; check none is missing."""
+        """Copy checkpoint tensors (transformers names) into our fused parameters, each rank its slice
+        (weights.copy_weight); check none is missing."""
         params = dict(self.named_parameters())
         loaded, head = set(), None
         for ckpt_name, tensor in named_tensors:
             name = self._rename(ckpt_name)
-            if name is None or "rotary_emb.inv_freq" in name:
+            if name is None or "rotary_emb.inv_freq" in name or name.endswith(SKIPPED):
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 head = tensor  # kept only if it differs from the embedding (below)
@@ -219,23 +228,40 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {self.arch}")
             param = params[target]
-            dest = self._piece(target, param, part)
-            if dest.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}; "
-                                 f"{self.arch} expects {tuple(dest.shape)}")
-            with torch.no_grad():
-                dest.copy_(tensor)
+            if target.endswith((".w13", ".w2")):  # experts: this rank holds some of them, whole
+                tensor, part = self._local_expert(target, tensor, part)
+                if tensor is None:
+                    continue
+            dest, scale = self._piece(target, param, part), None
+            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read
+                scale_target = target.removesuffix("weight") + "weight_scale"
+                scale = self._piece(scale_target, params[scale_target], part)
+                loaded |= {(scale_target, p) for p in (self._parts(scale_target, param) if part is None else [part])}
+            copy_weight(dest, tensor, parallel.cut_of(param), scale, ckpt_name)
             loaded |= {(target, p) for p in (self._parts(target, param) if part is None else [part])}
         expected = {(t, p) for t, param in params.items() for p in self._parts(t, param)}
         missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
         embed = self.model.embed_tokens.weight
-        if head is not None and not torch.equal(head.to(embed.device, embed.dtype), embed):
-            # As transformers does: a config that ties them, with a checkpoint that ships a different head
-            # (Mistral 3's outer config defaults to tied), means the head is the model's own.
-            self.lm_head.weight = nn.Parameter(head.to(embed.device, embed.dtype), requires_grad=False)
-            self.tie_word_embeddings = False
+        if head is not None:
+            head = rank_slice(head, parallel.VOCAB, embed.shape).to(embed.device, embed.dtype)
+            if not torch.equal(head, embed):
+                # As transformers does: a config that ties them, with a checkpoint that ships a different head
+                # (Mistral 3's outer config defaults to tied), means the head is the model's own.
+                self.lm_head.weight = parallel.vocab_parallel(nn.Parameter(head, requires_grad=False))
+                self.tie_word_embeddings = False
+
+    def _local_expert(self, target, tensor, part):
+        """(the tensor, its piece) in this rank's share of the experts; (None, None) for another rank's."""
+        experts = self.get_submodule(target.rsplit(".", 1)[0]).experts
+        if part is None:  # all experts stacked: this rank's rows
+            return tensor[experts.start:experts.stop], None
+        expert = part[0] if isinstance(part, tuple) else part
+        if expert not in experts:
+            return None, None
+        local = expert - experts.start
+        return tensor, (local, part[1]) if isinstance(part, tuple) else local
 
     def _rename(self, name):
         """A checkpoint name as our text model's name; None for tensors we do not use (vision towers)."""

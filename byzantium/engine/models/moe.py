@@ -3,11 +3,15 @@
 The experts are stacked (w13 [E, 2I, H]: gate rows then up rows, as transformers 5 fuses them; w2
 [E, H, I]) so that one kernels.moe.fused_moe call runs all of them; the router is an nn.Linear and is
 packed on the CPU like every other linear, the experts stay plain tensors.
+
+Under tensor parallelism each rank holds a share of the experts, whole (parallel.experts_of_rank): it runs
+the tokens routed to its own, and the block's output is summed over ranks.
 """
 import torch
 from torch import nn
 
 from ...kernels.moe import fused_moe
+from ..layers import parallel
 
 
 def is_sparse_layer(config, index):
@@ -25,8 +29,9 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.norm_topk_prob = config.num_experts_per_tok, bool(config.norm_topk_prob)
         self.inter = inter
         self.gate = nn.Linear(hidden, experts, bias=False)  # the router (checkpoint name mlp.gate)
-        self.w13 = nn.Parameter(torch.empty(experts, 2 * inter, hidden))
-        self.w2 = nn.Parameter(torch.empty(experts, hidden, inter))
+        self.experts = parallel.experts_of_rank(experts)  # the ids of this rank's experts
+        self.w13 = nn.Parameter(torch.empty(len(self.experts), 2 * inter, hidden))
+        self.w2 = nn.Parameter(torch.empty(len(self.experts), hidden, inter))
 
     def forward(self, x):
         # Softmax over all experts in fp32, then top-k (renormalised if the config says so): transformers'
@@ -35,4 +40,11 @@ class SparseMoeBlock(nn.Module):
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return fused_moe(x, self.w13, self.w2, weights.to(x.dtype), ids)
+        weights = weights.to(x.dtype)
+        if parallel.current().size == 1:
+            return fused_moe(x, self.w13, self.w2, weights, ids)
+        # Choices of another rank's experts weigh 0 here (their id clamped to one of ours, computed in vain).
+        local = ids - self.experts.start
+        others = (local < 0) | (local >= len(self.experts))
+        out = fused_moe(x, self.w13, self.w2, weights.masked_fill(others, 0), local.clamp(0, len(self.experts) - 1))
+        return parallel.all_reduce(out)
