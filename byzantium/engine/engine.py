@@ -79,9 +79,7 @@ class Engine(SyncAPI):
         self.build_cache(num_blocks or default_num_blocks(self, c.kv_cache_gib))
 
     def _load_model(self, checkpoint_config, model_dir):
-        c = self.engine_config
-        return load_model(self.model_class, checkpoint_config, model_dir, self.dtype, self.device,
-                          c.cpu_packed_linears, c.cpu_kernels)
+        return load_model(self.model_class, checkpoint_config, model_dir, self.dtype, self.device, self.engine_config)
 
     def build_cache(self, num_blocks):
         """The KV pool and everything that holds it: block manager, scheduler, runner."""

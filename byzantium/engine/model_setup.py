@@ -17,7 +17,10 @@ class ModelSetup:
     cpu_layer_ops: bool  # norms, rope and SiLU * up on the compiled kernels
 
 
-def load_model(model_class, config, model_dir, dtype, device, cpu_packed_linears=True, cpu_kernels=True):
+def load_model(model_class, config, model_dir, dtype, device, options):
+    """The model of checkpoint `config` in `model_dir`, as EngineConfig `options` ask (every tensor-parallel
+    rank builds its own slice with this, the current layers.parallel group deciding which)."""
+    cpu_packed_linears, cpu_kernels = options.cpu_packed_linears, options.cpu_kernels
     with torch.device("meta"):  # no random init of weights we overwrite anyway
         model = model_class(config)
     # Cast on meta first, so every weight is allocated once, at the target dtype (casting after
