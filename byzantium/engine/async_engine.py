@@ -239,6 +239,7 @@ class AsyncEngine:
         await self._between_steps()
 
     def shutdown(self):
+        self._executor.submit(self.engine.close)  # on the thread that ran the steps, after the last one
         self._executor.shutdown(wait=False)
 
 

@@ -8,6 +8,7 @@ results reach the requests. Around it: the settings (config.py), the model and i
 (speculation.py) and riders (riders.py)."""
 import itertools
 import time
+from functools import partial
 
 import torch
 
@@ -16,8 +17,9 @@ from . import config as settings
 from .config import (DEFAULT_SPECULATIVE_ROWS, DEFAULT_SPECULATIVE_TOKENS, engine_config, resolve_device,
                      resolve_dtype)
 from .device_sampling import sample as device_sample
-from .failures import discard, fail, forward_isolating, isolate, shrink_budget
+from .failures import EngineFailed, discard, fail, forward_isolating, isolate, shrink_budget
 from .kv_cache import BlockManager, allocate_kv_cache
+from .layers import parallel
 from .loader import generation_config, load_tokenizer, resolve_model
 from .model_setup import load_model
 from .models import model_class
@@ -30,6 +32,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, Session, Status
 from .speculation import PromptLookup, StepDrafts, sample_in_order
 from .stats import EngineStats
+from .tensor_parallel import Peers, build_rank
 from .sync_api import RequestOutput, SyncAPI, check_idle, params_list, prompt_list
 
 __all__ = ["Engine", "RequestOutput"]
@@ -51,7 +54,15 @@ class Engine(SyncAPI):
         self.model_class = model_class(checkpoint_config)  # unsupported models fail before the weights are read
         self.tokenizer = load_tokenizer(self.model_dir)
         self.cpu_packed_linears, self.cpu_kernels = c.cpu_packed_linears, c.cpu_kernels
-        setup = self._load_model(checkpoint_config, self.model_dir)
+        self.peers = None  # the other tensor-parallel ranks (tensor_parallel.py)
+        if c.tensor_parallel_size > 1 and torch.distributed.is_initialized():
+            raise ValueError("a tensor-parallel engine needs a process of its own (torch.distributed is already "
+                             "initialized here, e.g. by another tensor-parallel engine)")
+        with parallel.using(parallel.Group(0, c.tensor_parallel_size)):  # rank 0's slice of the model
+            setup = self._load_model(checkpoint_config, self.model_dir)
+        if c.tensor_parallel_size > 1:  # after rank 0's load: the others read the kernel choices it cached
+            self.peers = Peers(c.tensor_parallel_size, self.device,
+                               partial(build_rank, self.model_dir, c, self.dtype))
         self.model, self.linear_kernels, self.linear_timings = setup.model, setup.linear_kernels, setup.linear_timings
         self.cpu_layer_ops = setup.cpu_layer_ops
         self.config = self.model.config  # the text model's: a multimodal checkpoint's text_config (Gemma 3)
@@ -90,9 +101,15 @@ class Engine(SyncAPI):
         self.block_manager = BlockManager(num_blocks, self.block_size)
         self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens, self.drafter,
                                    self.max_model_len)
+        limits = dict(max_num_seqs=self.max_num_seqs, max_batch_tokens=self.max_batch_tokens,
+                      max_model_len=self.max_model_len)
+        graphs = not self.enforce_eager and self.peers is None  # graphs would have to capture the collectives
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.attention_backend,
-                                  max_num_seqs=self.max_num_seqs, max_batch_tokens=self.max_batch_tokens,
-                                  max_model_len=self.max_model_len, cuda_graphs=not self.enforce_eager)
+                                  **limits, cuda_graphs=graphs)
+        if self.peers is not None:  # every rank its slice of the same pool, and told every step from now on
+            self.peers.tell("build_cache", dict(num_blocks=num_blocks, block_size=self.block_size,
+                                                attention_backend=self.attention_backend, **limits))
+            self.runner.peers = self.peers
 
     def _drafter(self, num_tokens, max_rows):
         """Prompt-lookup speculation (speculation.py): on by default on the CPU, where it is checked to give
@@ -114,6 +131,7 @@ class Engine(SyncAPI):
         """What this engine runs: model code, kernels, dtype, device, KV pool and batch limits."""
         model_cls = type(self.model)
         return {"model": str(self.model_dir), "architecture": self.model.arch,
+                "tensor_parallel_size": self.engine_config.tensor_parallel_size,
                 "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
                 "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,
                 "cpu_layer_ops": self.cpu_layer_ops,
@@ -124,6 +142,11 @@ class Engine(SyncAPI):
                 "max_num_seqs": self.max_num_seqs, "max_batch_tokens": self.scheduler.max_batch_tokens,
                 "max_model_len": self.max_model_len, "profile": self.profile, "cuda_graphs": self.runner.describe(),
                 "speculation": self.drafter.describe() if self.drafter is not None else None}
+
+    def close(self):
+        """Stop the other tensor-parallel ranks (an engine on one rank has none)."""
+        if self.peers is not None:
+            self.peers.close()
 
     @property
     def memory(self):
@@ -237,6 +260,9 @@ class Engine(SyncAPI):
         self.step_peak.start()
         try:
             seqs, logits, failed, phase_seconds = self._execute(rows)
+        except EngineFailed as error:  # nothing can run any more: every request gets the error
+            discard(self.scheduler, self.block_manager, rows, [])
+            return fail(self.scheduler, [(seq, error) for seq in [*self.scheduler.running, *self.scheduler.waiting]])
         except BaseException:  # interrupted (KeyboardInterrupt...): nothing of this step counts
             discard(self.scheduler, self.block_manager, rows, [])
             raise

@@ -14,6 +14,10 @@ from .sequence import Row
 logger = logging.getLogger("byzantium")
 
 
+class EngineFailed(RuntimeError):
+    """The engine cannot go on (a tensor-parallel rank died): every request fails with it, none is retried."""
+
+
 def out_of_memory(error):
     """An allocation failure: CUDA's OutOfMemoryError, Python's MemoryError, or torch's CPU allocator
     failing (a RuntimeError "DefaultCPUAllocator: can't allocate memory: you tried to allocate ...").
@@ -28,6 +32,8 @@ def forward_isolating(run, rows, on_out_of_memory):
     try:
         seqs, logits = run(rows)
         return seqs, [] if logits is None else [logits], {}
+    except EngineFailed:
+        raise
     except Exception as error:  # noqa: BLE001 - isolated below, given to the failing requests
         oom = out_of_memory(error)
         if oom:

@@ -269,7 +269,7 @@ class ModelRunner:
         step, seqs = self.plan(rows)
         bucket = self.graphs.bucket(rows) if self.graphs is not None else None
         if self.peers is not None:
-            self.peers.tell("run", step)
+            return seqs, self.peers.together("run", step, lambda: self.execute(step, bucket))
         return seqs, self.execute(step, bucket)
 
     @torch.inference_mode()
@@ -281,9 +281,11 @@ class ModelRunner:
 
     def copy_block(self, src, dst):
         """Copy a KV block (a rider parting from its leader's last block), on every rank."""
+        copy = lambda: self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])  # noqa: E731
         if self.peers is not None:
-            self.peers.tell("copy_block", (src, dst))
-        self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
+            self.peers.together("copy_block", (src, dst), copy)
+        else:
+            copy()
 
     def _forward(self, bucket, input_ids, positions, meta, logit_rows):
         forward = lambda: self.model(input_ids, positions, meta, self.kv_cache)  # noqa: E731

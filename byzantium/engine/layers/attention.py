@@ -3,19 +3,28 @@ step's single-token rows on the decode kernel and its longer rows on the append-
 
 The rows of a step come decode rows first (runner.py), `meta.num_decode` of them; `meta.ops` is the
 attention backend the runner chose (kernels.attention_ops). `window` W makes a sliding-window layer: the
-query at position p sees keys (p - W, p]; None attends to the whole context."""
+query at position p sees keys (p - W, p]; None attends to the whole context. `chunk` C makes a chunked
+layer (Llama 4's local layers): the query at position p sees keys [p // C * C, p]; only the backends that
+say CHUNKED_ATTENTION (torch, cpu) take it, the others fail with a clear error."""
 import torch
 from torch import nn
 
+from ...kernels import backend_name
+
 
 class PagedAttention(nn.Module):
-    def __init__(self, scale, window=None):
+    def __init__(self, scale, window=None, chunk=None):
         super().__init__()
-        self.scale, self.window = scale, window
+        self.scale, self.window, self.chunk = scale, window, chunk
+        # passed only when set: backends without chunked attention keep their signature
+        self.extra = {} if chunk is None else {"chunk": chunk}
 
     def forward(self, q, k, v, meta, k_cache, v_cache):
         """q [T, Hq, D], k and v [T, Hkv, D] of the step's new tokens -> attention output [T, Hq, D]."""
         ops, d, T = meta.ops, meta.num_decode, q.shape[0]
+        if self.chunk is not None and not getattr(ops, "CHUNKED_ATTENTION", False):
+            raise ValueError(f"attention_backend {backend_name(ops)!r} has no chunked attention, which this model's "
+                             f"local layers need (attention_chunk_size={self.chunk}); use attention_backend='torch'")
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if d == T:
             return self._decode(q, meta, k_cache, v_cache)
@@ -28,9 +37,9 @@ class PagedAttention(nn.Module):
 
     def _decode(self, q, meta, k_cache, v_cache):
         return meta.ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables,
-                                               self.scale, window=self.window)
+                                               self.scale, window=self.window, **self.extra)
 
     def _prefill(self, q, meta, k_cache, v_cache):
         return meta.ops.append_prefill_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.prefill_seq_lens,
                                                  meta.prefill_block_tables, self.scale, window=self.window,
-                                                 max_lens=meta.prefill_max_lens)
+                                                 max_lens=meta.prefill_max_lens, **self.extra)

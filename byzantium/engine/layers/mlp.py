@@ -19,6 +19,7 @@ class GatedMLP(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; one of {', '.join(ACTIVATIONS)}")
         self.activation = activation
+        self.tp = parallel.current()  # the group its sums run over
         intermediate_size = parallel.split(intermediate_size, "the MLP's intermediate size")
         self.gate_up_proj = parallel.column(nn.Linear(hidden_size, 2 * intermediate_size, bias=bias))
         self.down_proj = parallel.row(nn.Linear(intermediate_size, hidden_size, bias=bias))
@@ -33,7 +34,7 @@ class GatedMLP(nn.Module):
         self.glu = repack(kernels) if kernels is not None and repack is not None else None
 
     def forward(self, x):
-        return parallel.all_reduce(self._forward(x))
+        return parallel.all_reduce(self._forward(x), self.tp)
 
     def _forward(self, x):
         if self.glu is not None and x.dtype == self.glu[1].dtype and x.dim() == 2:

@@ -1,8 +1,9 @@
 """Tensor parallelism inside a model: which rank this process is, how sizes split, the two collectives a
 forward pass needs, and the marks that say how each weight is cut.
 
-A model is built with the group current (set_group before building, tensor_parallel.py does it on every
-rank): its sizes are then this rank's. The cuts, as in Megatron-LM:
+A model is built inside `using(group)` (tensor_parallel.py does it on every rank): its sizes are then
+this rank's, and each module that sums over ranks keeps the group it was built with (another engine in
+the same process, built outside it, stays whole). The cuts, as in Megatron-LM (marked on the modules, read by weights.copy_weight):
 - column-parallel linears (q/k/v, gate/up, the LM head) hold a slice of the output rows; their outputs
   stay split (heads, intermediate channels, vocabulary);
 - row-parallel linears (o_proj, down_proj) hold a slice of the input columns; their partial outputs are
@@ -13,6 +14,7 @@ rank): its sizes are then this rank's. The cuts, as in Megatron-LM:
 K/V heads are split like query heads; when there are more ranks than K/V heads, each rank keeps the
 one K/V head its query heads read (replicated).
 """
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -33,9 +35,15 @@ def current():
     return _current
 
 
-def set_group(group):
+@contextmanager
+def using(group):
+    """Build a model's slice for `group` (its rank and size) inside this block."""
     global _current
-    _current = group
+    before, _current = _current, group
+    try:
+        yield group
+    finally:
+        _current = before
 
 
 def split(total, what):
@@ -69,19 +77,19 @@ def experts_of_rank(num_experts):
     return range(_current.rank * per_rank, (_current.rank + 1) * per_rank)
 
 
-def all_reduce(x):
-    """Sum x over the ranks, in place (one rank: x itself)."""
-    if _current.size > 1:
-        dist.all_reduce(x, group=_current.group)
+def all_reduce(x, group):
+    """Sum x over the group's ranks, in place (one rank: x itself)."""
+    if group.size > 1:
+        dist.all_reduce(x, group=group.group)
     return x
 
 
-def gather_last(x):
+def gather_last(x, group):
     """Concatenate every rank's x along the last dimension (one rank: x itself)."""
-    if _current.size == 1:
+    if group.size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(_current.size)]
-    dist.all_gather(parts, x.contiguous(), group=_current.group)
+    parts = [torch.empty_like(x) for _ in range(group.size)]
+    dist.all_gather(parts, x.contiguous(), group=group.group)
     return torch.cat(parts, dim=-1)
 
 
@@ -90,48 +98,50 @@ def gather_last(x):
 COLUMN, ROW, VOCAB, FIRST_RANK = "column", "row", "vocab", "first rank"
 
 
+# The marks live on the modules (a parameter made anew by to_empty would lose an attribute of its own).
+
 def column(linear):
     """Mark a linear as column-parallel (its weight and bias are cut along the output rows)."""
-    linear.weight.tp_cut = COLUMN
-    if linear.bias is not None:
-        linear.bias.tp_cut = COLUMN
+    linear.tp_cuts = {"weight": COLUMN, "bias": COLUMN}
     return linear
 
 
 def row(linear):
     """Mark a linear as row-parallel (its weight is cut along the input columns; rank 0 holds the bias)."""
-    linear.weight.tp_cut = ROW
-    if linear.bias is not None:
-        linear.bias.tp_cut = FIRST_RANK
+    linear.tp_cuts = {"weight": ROW, "bias": FIRST_RANK}
     return linear
 
 
-def vocab_parallel(param):
+def vocab_parallel(module):
     """Mark an embedding (or an untied LM head) as cut along the vocabulary, padded to vocab_per_rank rows."""
-    param.tp_cut = VOCAB
-    return param
+    module.tp_cuts = {"weight": VOCAB}
+    return module
 
 
-def cut_of(param):
-    return getattr(param, "tp_cut", None)
+def cut_of(model, name):
+    """How parameter `name` of `model` is cut (None: whole on every rank)."""
+    owner, _, attr = name.rpartition(".")
+    return getattr(model.get_submodule(owner), "tp_cuts", {}).get(attr)
 
 
 class VocabParallelEmbedding(torch.nn.Module):
     def __init__(self, vocab_size, hidden_size):
         super().__init__()
+        self.tp = _current
         self.vocab_size, self.rows = vocab_size, vocab_per_rank(vocab_size)
-        self.start = _current.rank * self.rows
-        self.weight = vocab_parallel(torch.nn.Parameter(torch.empty(self.rows, hidden_size)))
+        self.start = self.tp.rank * self.rows
+        self.weight = torch.nn.Parameter(torch.empty(self.rows, hidden_size))
+        vocab_parallel(self)
 
     def forward(self, input_ids):
-        if _current.size == 1:
+        if self.tp.size == 1:
             return torch.nn.functional.embedding(input_ids, self.weight)
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.rows)
         x = torch.nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
-        return all_reduce(x.masked_fill(outside.unsqueeze(-1), 0))
+        return all_reduce(x.masked_fill(outside.unsqueeze(-1), 0), self.tp)
 
 
-def vocab_logits(lm_head, hidden, vocab_size):
+def vocab_logits(lm_head, hidden, vocab_size, group):
     """Full-vocabulary logits (fp32) from a vocab-parallel LM head: every rank's slice, gathered."""
-    return gather_last(lm_head(hidden).float())[..., :vocab_size]
+    return gather_last(lm_head(hidden).float(), group)[..., :vocab_size]

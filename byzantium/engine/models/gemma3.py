@@ -65,6 +65,7 @@ class Attention(nn.Module):
     def __init__(self, config, layer_type):
         super().__init__()
         heads = config.num_attention_heads
+        self.tp = parallel.current()  # the group o_proj's partial sums run over
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.num_heads = parallel.split(heads, "the attention heads")  # this rank's (layers/parallel.py)
         self.num_kv_heads = parallel.kv_heads_per_rank(config.num_key_value_heads, heads)
@@ -83,7 +84,7 @@ class Attention(nn.Module):
         q = apply_rope(self.q_norm(q.view(T, self.num_heads, self.head_dim)), cos, sin)
         k = apply_rope(self.k_norm(k.view(T, self.num_kv_heads, self.head_dim)), cos, sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)))
+        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)), self.tp)
 
 
 def mlp(config):
@@ -133,6 +134,7 @@ class Gemma3ForCausalLM(nn.Module):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.arch = (getattr(config, "architectures", None) or ["Gemma3ForCausalLM"])[0]
         self.config = text
+        self.tp = parallel.current()
         if getattr(text, "use_bidirectional_attention", False):
             raise ValueError("Gemma 3 with use_bidirectional_attention (an embedding model) is not supported")
         if getattr(text, "attn_logit_softcapping", None) is not None:
@@ -144,7 +146,7 @@ class Gemma3ForCausalLM(nn.Module):
         # A multimodal checkpoint ties (or not) at its top level, as transformers reads it.
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         self.lm_head = nn.Linear(text.hidden_size, parallel.vocab_per_rank(text.vocab_size), bias=False)
-        parallel.vocab_parallel(self.lm_head.weight)
+        parallel.vocab_parallel(self.lm_head)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         attn = self.model.layers[0].self_attn
@@ -181,7 +183,7 @@ class Gemma3ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def compute_logits(self, hidden):
-        logits = parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size)
+        logits = parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size, self.tp)
         if self.final_softcap is not None:  # cap * tanh(logits / cap)
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -211,7 +213,7 @@ class Gemma3ForCausalLM(nn.Module):
                 scale = params[scale_target]
                 scale = scale if part is None else scale.narrow(0, *self._slice(scale_target, part))
                 loaded.add((scale_target, part))
-            copy_weight(dest, tensor, parallel.cut_of(param), scale, name)
+            copy_weight(dest, tensor, parallel.cut_of(self, target), scale, name)
             loaded.add((target, part))
         expected = set()
         for target in params:

@@ -85,6 +85,7 @@ class Attention(nn.Module):
     def __init__(self, config, arch):
         super().__init__()
         heads = config.num_attention_heads
+        self.tp = parallel.current()  # the group o_proj's partial sums run over
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.num_heads = parallel.split(heads, "the attention heads")  # this rank's (layers/parallel.py)
         self.num_kv_heads = parallel.kv_heads_per_rank(getattr(config, "num_key_value_heads", None) or heads, heads)
@@ -114,7 +115,7 @@ class Attention(nn.Module):
             qk = self._rope(qkv[:, :self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
                             cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)))
+        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)), self.tp)
 
     def _rope(self, x, cos, sin):
         return rope(x, cos, sin, self.cpu_ops, self.bf16_ops)
@@ -165,13 +166,14 @@ class LlamaForCausalLM(nn.Module):
         self.arch = architecture_of(config)  # the checkpoint's: its weight names
         text = text_config(config)  # the decoder's: every size and setting below
         self.config = text
+        self.tp = parallel.current()
         self.model = LlamaModel(text, decoder_architecture(config))
         # tied if either config says so (transformers 5 reads the outer one); load_weights unties them when
         # the checkpoint ships a head that differs from the embedding, as transformers does
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False)
                                         or getattr(text, "tie_word_embeddings", False))
         self.lm_head = nn.Linear(text.hidden_size, parallel.vocab_per_rank(text.vocab_size), bias=False)
-        parallel.vocab_parallel(self.lm_head.weight)
+        parallel.vocab_parallel(self.lm_head)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         attn = self.model.layers[0].self_attn
@@ -210,7 +212,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden):
-        return parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size)
+        return parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size, self.tp)
 
     def load_weights(self, named_tensors):
         """Copy checkpoint tensors (transformers names) into our fused parameters, each rank its slice
@@ -237,7 +239,7 @@ class LlamaForCausalLM(nn.Module):
                 scale_target = target.removesuffix("weight") + "weight_scale"
                 scale = self._piece(scale_target, params[scale_target], part)
                 loaded |= {(scale_target, p) for p in (self._parts(scale_target, param) if part is None else [part])}
-            copy_weight(dest, tensor, parallel.cut_of(param), scale, ckpt_name)
+            copy_weight(dest, tensor, parallel.cut_of(self, target), scale, ckpt_name)
             loaded |= {(target, p) for p in (self._parts(target, param) if part is None else [part])}
         expected = {(t, p) for t, param in params.items() for p in self._parts(t, param)}
         missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
@@ -249,7 +251,7 @@ class LlamaForCausalLM(nn.Module):
             if not torch.equal(head, embed):
                 # As transformers does: a config that ties them, with a checkpoint that ships a different head
                 # (Mistral 3's outer config defaults to tied), means the head is the model's own.
-                self.lm_head.weight = parallel.vocab_parallel(nn.Parameter(head, requires_grad=False))
+                self.lm_head.weight = nn.Parameter(head, requires_grad=False)
                 self.tie_word_embeddings = False
 
     def _local_expert(self, target, tensor, part):

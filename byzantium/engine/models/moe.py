@@ -29,6 +29,7 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.norm_topk_prob = config.num_experts_per_tok, bool(config.norm_topk_prob)
         self.inter = inter
         self.gate = nn.Linear(hidden, experts, bias=False)  # the router (checkpoint name mlp.gate)
+        self.tp = parallel.current()
         self.experts = parallel.experts_of_rank(experts)  # the ids of this rank's experts
         self.w13 = nn.Parameter(torch.empty(len(self.experts), 2 * inter, hidden))
         self.w2 = nn.Parameter(torch.empty(len(self.experts), hidden, inter))
@@ -41,10 +42,10 @@ class SparseMoeBlock(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        if parallel.current().size == 1:
+        if self.tp.size == 1:
             return fused_moe(x, self.w13, self.w2, weights, ids)
         # Choices of another rank's experts weigh 0 here (their id clamped to one of ours, computed in vain).
         local = ids - self.experts.start
         others = (local < 0) | (local >= len(self.experts))
         out = fused_moe(x, self.w13, self.w2, weights.masked_fill(others, 0), local.clamp(0, len(self.experts) - 1))
-        return parallel.all_reduce(out)
+        return parallel.all_reduce(out, self.tp)

@@ -1,0 +1,216 @@
+"""Tensor parallelism across processes, one rank each.
+
+Rank 0 is the engine's own process: the scheduler, the sampling and the requests live there only. The
+engine starts ranks 1..N-1 as worker processes; each builds its slice of the model (layers/parallel.py)
+and, when told, its slice of the KV cache. Every step, once rank 0 has planned it, the other ranks get
+the plan (runner.StepPlan, plain lists, broadcast over a CPU group) and all ranks run the same forward
+pass; the layers' sums (all_reduce) meet inside it. Only rank 0 reads the logits. The collectives run on
+NCCL on CUDA (rank r on the r-th GPU from the engine's) and on gloo on the CPU.
+
+A rank that dies (killed, out of memory, an error in its step) ends the engine: its socket closes, the
+next collective on rank 0 raises, and the error names the rank and how it ended. A watchdog also notices
+a dead worker between steps, and on CUDA aborts the NCCL group so that rank 0 is not left waiting.
+"""
+import logging
+import os
+import socket
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .failures import EngineFailed
+from .kv_cache import allocate_kv_cache
+from .layers import parallel
+from .model_setup import load_model
+from .models import model_class
+from .runner import ModelRunner
+
+logger = logging.getLogger("byzantium")
+
+TIMEOUT = timedelta(minutes=10)  # a collective that waits longer fails (a rank stuck, not dead)
+
+
+def rank_device(device, rank):
+    """Rank r's device: the r-th GPU from the engine's own; the CPU for every rank on the CPU."""
+    if device.type != "cuda":
+        return device
+    index = (device.index or 0) + rank
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size needs GPUs {device.index or 0}..{index}; torch sees "
+                         f"{torch.cuda.device_count()}")
+    return torch.device("cuda", index)
+
+
+def cpu_threads(size):
+    """Each rank's share of the cores (ranks on one CPU would otherwise oversubscribe it)."""
+    return max(1, (os.cpu_count() or 1) // size)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join(rank, size, address, device):
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=size, timeout=TIMEOUT,
+                            device_id=device if device.type == "cuda" else None)
+    world = dist.group.WORLD
+    return world if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
+
+
+class Peers:
+    """Rank 0's handle on the other ranks: starts them, tells them each step, and stops them."""
+
+    def __init__(self, size, device, build):
+        """build(rank): what a worker runs to make its model (picklable: a functools.partial of a module
+        function). Returns once every rank has joined the group (the workers then load their slices)."""
+        self.size, self.closing, self.failure = size, False, None
+        if device.type == "cpu":
+            torch.set_num_threads(cpu_threads(size))
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        context = mp.get_context("spawn")
+        self.workers = {}
+        for rank in range(1, size):
+            process = context.Process(target=worker_main, args=(rank, size, address, rank_device(device, rank), build),
+                                      name=f"byzantium-tp-rank{rank}", daemon=True)
+            process.start()
+            self.workers[rank] = process
+        self.cpu_group = _join(0, size, address, device)
+        self.nccl = device.type == "cuda"
+        threading.Thread(target=self._watch, name="byzantium-tp-watchdog", daemon=True).start()
+
+    def tell(self, kind, payload=None):
+        """Send every other rank one instruction: ("run", StepPlan), ("copy_block", (src, dst)),
+        ("build_cache", kwargs) or ("exit", None)."""
+        self.check()
+        try:
+            dist.broadcast_object_list([(kind, payload)], src=0, group=self.cpu_group)
+        except Exception as error:  # noqa: BLE001 - a peer gone: named below
+            raise self.died(error) from error
+
+    def together(self, kind, payload, local):
+        """tell(kind, payload), then run `local()` here (its collectives meet the other ranks')."""
+        self.tell(kind, payload)
+        try:
+            return local()
+        except EngineFailed:
+            raise
+        except Exception as error:  # noqa: BLE001 - a rank's error mid-pass leaves the others in a collective
+            raise self.died(error) from error
+
+    def check(self):
+        if self.failure is not None:
+            raise EngineFailed(self.failure)
+
+    def died(self, error):
+        """The engine's end after a collective failed: which ranks are gone (waiting a moment for their exit)."""
+        wait([p.sentinel for p in self.workers.values()], timeout=5)
+        gone = [f"rank {rank} ({_ending(p)})" for rank, p in self.workers.items() if p.exitcode is not None]
+        where = ", ".join(gone) if gone else "no rank has exited"
+        self.failure = (f"tensor parallelism failed: {where}; the engine cannot go on "
+                        f"({type(error).__name__}: {str(error)[:200]})")
+        return EngineFailed(self.failure)
+
+    def _watch(self):
+        """Between steps: notice a worker that ended while the engine still runs."""
+        sentinels = {p.sentinel: rank for rank, p in self.workers.items()}
+        ready = wait(list(sentinels))
+        if self.closing or not ready:
+            return
+        rank = sentinels[ready[0]]
+        self.failure = f"tensor-parallel rank {rank} ended ({_ending(self.workers[rank])}); the engine cannot go on"
+        logger.error("byzantium: %s", self.failure)
+        if self.nccl:  # NCCL would wait for the dead rank forever: abort, so rank 0's collective raises
+            try:
+                dist.distributed_c10d._abort_process_group()
+            except Exception:  # noqa: BLE001 - best effort; the collective timeout remains
+                pass
+
+    def close(self):
+        """Stop the workers (they exit on "exit"; any still alive after a while is killed)."""
+        if self.closing:
+            return
+        self.closing = True
+        if self.failure is None:
+            try:
+                dist.broadcast_object_list([("exit", None)], src=0, group=self.cpu_group)
+            except Exception:  # noqa: BLE001 - a peer already gone: killed below
+                pass
+        for process in self.workers.values():
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _ending(process):
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def worker_main(rank, size, address, device, build):
+    """A worker rank: join the group, build this rank's model, then follow rank 0's instructions."""
+    if os.environ.get("BYZANTIUM_LINEAR_KERNELS") == "measure":
+        del os.environ["BYZANTIUM_LINEAR_KERNELS"]  # rank 0 measured: the cache it wrote gives its choices here
+    if device.type == "cpu":
+        torch.set_num_threads(cpu_threads(size))
+    else:
+        torch.cuda.set_device(device)
+    try:
+        cpu_group = _join(rank, size, address, device)
+        with parallel.using(parallel.Group(rank, size)):  # the model's slice is this rank's
+            worker = build(rank, device)
+        while True:
+            holder = [None]
+            dist.broadcast_object_list(holder, src=0, group=cpu_group)
+            kind, payload = holder[0]
+            if kind == "exit":
+                break
+            worker.follow(kind, payload)
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the rank ends; rank 0 names it
+        print(f"byzantium: tensor-parallel rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+class RankWorker:
+    """A worker rank's slice of the model, and of the KV cache with its runner once rank 0 sizes it."""
+
+    def __init__(self, model, dtype, device):
+        self.model, self.dtype, self.device, self.runner = model, dtype, device, None
+
+    def follow(self, kind, payload):
+        if kind == "run":
+            self.runner.execute(payload)
+        elif kind == "copy_block":
+            self.runner.copy_block(*payload)
+        elif kind == "build_cache":
+            self.runner = None  # the old pool goes before the new one is allocated
+            kv_cache = allocate_kv_cache(self.model.config.num_hidden_layers, payload["num_blocks"],
+                                         payload["block_size"], self.model.num_kv_heads, self.model.head_dim,
+                                         self.dtype, self.device)
+            self.runner = ModelRunner(self.model, kv_cache, payload["block_size"], self.device,
+                                      payload["attention_backend"], max_num_seqs=payload["max_num_seqs"],
+                                      max_batch_tokens=payload["max_batch_tokens"],
+                                      max_model_len=payload["max_model_len"], cuda_graphs=False)
+        else:
+            raise ValueError(f"unknown instruction {kind!r} from rank 0")
+
+
+def build_rank(model_dir, options, dtype, rank, device):
+    """A worker's RankWorker: its slice of the checkpoint's model, built as rank 0 built its own."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_dir)
+    model = load_model(model_class(config), config, model_dir, dtype, device, options).model
+    return RankWorker(model, dtype, device)
