@@ -18,7 +18,7 @@ from .config import (DEFAULT_SPECULATIVE_ROWS, DEFAULT_SPECULATIVE_TOKENS, engin
                      resolve_dtype)
 from .device_sampling import sample as device_sample
 from .failures import EngineFailed, discard, fail, forward_isolating, isolate, shrink_budget
-from .kv_cache import BlockManager, allocate_kv_cache
+from .kv_cache import BlockManager, allocate_kv_cache, kv_attention_backend, kv_cache_dtype
 from .layers import parallel
 from .loader import generation_config, load_tokenizer, resolve_model
 from .model_setup import load_model
@@ -76,6 +76,8 @@ class Engine(SyncAPI):
         self.max_batch_tokens = c.max_batch_tokens or max(8192 if self.device.type == "cuda" else 2048, c.max_num_seqs)
         no_kernels = c.attention_backend == "auto" and not c.cpu_kernels and self.device.type == "cpu"
         self.attention_backend = "torch" if no_kernels else c.attention_backend
+        self.kv_cache_dtype = kv_cache_dtype(c.kv_cache_dtype, self.dtype)  # "fp8": e4m3 K/V, read by torch or Triton
+        self.attention_backend = kv_attention_backend(self.attention_backend, self.kv_cache_dtype, self.device)
         self.eos_token_ids = self._eos_ids()
         self.drafter = self._drafter(c.num_speculative_tokens, c.speculative_max_rows)
         self.profile = c.profile  # a step with prefill and decode rows runs them as two timed passes
@@ -97,7 +99,7 @@ class Engine(SyncAPI):
         self.num_blocks = num_blocks
         self.kv_cache = None  # the old pool (planning's warm-up) goes before the new one is allocated
         self.kv_cache = allocate_kv_cache(self.config.num_hidden_layers, num_blocks, self.block_size,
-                                          self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
+                                          self.model.num_kv_heads, self.model.head_dim, self.kv_cache_dtype, self.device)
         self.block_manager = BlockManager(num_blocks, self.block_size)
         self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens, self.drafter,
                                    self.max_model_len)
@@ -261,8 +263,9 @@ class Engine(SyncAPI):
         try:
             seqs, logits, failed, phase_seconds = self._execute(rows)
         except EngineFailed as error:  # nothing can run any more: every request gets the error
-            discard(self.scheduler, self.block_manager, rows, [])
-            return fail(self.scheduler, [(seq, error) for seq in [*self.scheduler.running, *self.scheduler.waiting]])
+            for seq in (ended := self.scheduler.take_all()):
+                seq.error, seq.finish_reason = error, "error"
+            return ended
         except BaseException:  # interrupted (KeyboardInterrupt...): nothing of this step counts
             discard(self.scheduler, self.block_manager, rows, [])
             raise

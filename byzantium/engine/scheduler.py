@@ -54,6 +54,16 @@ class Scheduler:
             self.blocks.release(seq)
             seq.status = Status.FINISHED
 
+    def take_all(self):
+        """Every request queued, running or riding, each once, taken out (the engine cannot go on)."""
+        riders = [seq for seqs in self.riding.values() for seq in seqs]
+        every = list({id(seq): seq for seq in [*self.running, *self.waiting, *riders]}.values())
+        self.running, self.waiting, self.riding = [], deque(), {}
+        for seq in every:
+            seq.status = Status.FINISHED  # remove() then leaves the lists alone and frees what it holds
+            self.remove(seq)
+        return every
+
     def has_work(self):
         return bool(self.waiting or self.running)
 

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -112,7 +113,9 @@ class Peers:
 
     def died(self, error):
         """The engine's end after a collective failed: which ranks are gone (waiting a moment for their exit)."""
-        wait([p.sentinel for p in self.workers.values()], timeout=5)
+        deadline = time.monotonic() + 5  # a rank that died has its exit code read in a moment (or by the watchdog)
+        while time.monotonic() < deadline and all(p.exitcode is None for p in self.workers.values()):
+            time.sleep(0.05)
         gone = [f"rank {rank} ({_ending(p)})" for rank, p in self.workers.items() if p.exitcode is not None]
         where = ", ".join(gone) if gone else "no rank has exited"
         self.failure = (f"tensor parallelism failed: {where}; the engine cannot go on "
@@ -126,6 +129,7 @@ class Peers:
         if self.closing or not ready:
             return
         rank = sentinels[ready[0]]
+        self.workers[rank].join(timeout=5)  # its exit code is set once it is joined
         self.failure = f"tensor-parallel rank {rank} ended ({_ending(self.workers[rank])}); the engine cannot go on"
         logger.error("byzantium: %s", self.failure)
         if self.nccl:  # NCCL would wait for the dead rank forever: abort, so rank 0's collective raises

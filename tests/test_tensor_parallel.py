@@ -1,0 +1,125 @@
+"""Tensor parallelism on the CPU (gloo, 2 ranks): the split model gives what the whole one gives, token for
+token at fp32, on tiny random Llama, Qwen3, Qwen3-MoE and Gemma 3 models (greedy, seeded sampling, sessions
+with append prefill, batched scoring, riders); a rank killed mid-step fails the engine quickly with an error
+naming the rank; bad sizes fail before any process starts.
+
+Both engines run the linears on plain torch (cpu_packed_linears=False): the kernel measured fastest for a
+whole weight and for its half may differ, and two kernels round differently. What is compared is the split
+itself."""
+import threading
+import time
+
+import pytest
+import torch
+
+from byzantium.engine.engine import Engine
+from byzantium.engine.failures import EngineFailed
+from byzantium.engine.sampling import SamplingParams
+from conftest import build_tiny, random_prompts
+from test_gemma3 import build as build_gemma3
+from test_moe import build_tiny_moe
+
+COMMON = dict(device="cpu", dtype="float32", num_blocks=128, cpu_packed_linears=False)
+PROMPTS = random_prompts([5, 23, 40, 9], seed=11)
+
+
+def build(kind):
+    if kind == "llama":
+        return build_tiny("llama")
+    if kind == "qwen3":
+        return build_tiny("qwen3", attention_bias=True)
+    if kind == "llama-one-kv-head":  # more ranks than K/V heads: each rank keeps the one it reads
+        return build_tiny("llama", num_key_value_heads=1)
+    if kind == "qwen3-moe":
+        return build_tiny_moe(num_hidden_layers=3, norm_topk_prob=True, mlp_only_layers=[1])
+    if kind == "gemma3":
+        return build_gemma3("window8")
+    raise ValueError(kind)
+
+
+def outputs(engine):
+    """Everything compared between the whole and the split model, from one engine."""
+    out = {"greedy": [o.token_ids for o in engine.generate(PROMPTS, SamplingParams(max_tokens=10))]}
+    sampled = [SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=s) for s in range(len(PROMPTS))]
+    out["sampled"] = [o.token_ids for o in engine.generate(PROMPTS, sampled)]
+    # the same prompt three times: the followers ride on the leader's rows, then part ways (a KV block copy)
+    riders = [SamplingParams(max_tokens=8, temperature=1.0, seed=s) for s in (1, 2, 3)]
+    out["riders"] = [o.token_ids for o in engine.generate([PROMPTS[1]] * 3, riders)]
+    out["logits"] = engine.logits(PROMPTS)
+    out["scores"] = engine.score(PROMPTS, [[3, 17, 42]] * len(PROMPTS))
+    session = engine.open_session(PROMPTS[0])
+    turns = []
+    for turn in range(3):  # round-robin style: generate, append another agent's tokens, generate again
+        turns.append(engine.continue_([session], SamplingParams(max_tokens=4))[0].token_ids)
+        engine.extend(session, PROMPTS[3][turn:turn + 3])
+    engine.close_session(session)
+    out["session"] = turns
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {}
+
+
+def checkpoint(checkpoints, tmp_path_factory, kind):
+    if kind not in checkpoints:
+        path = tmp_path_factory.mktemp(kind)
+        build(kind).save_pretrained(path)
+        checkpoints[kind] = path
+    return checkpoints[kind]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-one-kv-head", "qwen3-moe", "gemma3"])
+def test_two_ranks_equal_one(kind, checkpoints, tmp_path_factory):
+    path = checkpoint(checkpoints, tmp_path_factory, kind)
+    whole = outputs(Engine(path, **COMMON))
+    engine = Engine(path, tensor_parallel_size=2, **COMMON)
+    try:
+        assert engine.describe()["tensor_parallel_size"] == 2
+        assert engine.model.num_kv_heads == 1  # this rank's share of 2 (or the one replicated)
+        split = outputs(engine)
+    finally:
+        engine.close()
+    for key in ("greedy", "sampled", "riders", "session"):
+        assert split[key] == whole[key], key
+    torch.testing.assert_close(split["logits"], whole["logits"], rtol=1e-5, atol=1e-5)  # summed in two halves
+    for a, b in zip(split["scores"], whole["scores"]):
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a)
+
+
+def test_a_killed_rank_fails_the_engine_quickly(checkpoints, tmp_path_factory):
+    path = checkpoint(checkpoints, tmp_path_factory, "llama")
+    engine = Engine(path, tensor_parallel_size=2, **COMMON)
+    try:
+        result = {}
+
+        def generate():
+            try:
+                result["outputs"] = engine.generate(PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True))
+            except Exception as error:  # noqa: BLE001 - what the caller sees
+                result["error"] = error
+
+        worker = threading.Thread(target=generate)
+        worker.start()
+        time.sleep(1.5)  # mid-generation
+        assert worker.is_alive(), "the generation ended before the rank was killed: make it longer"
+        killed = time.monotonic()
+        engine.peers.workers[1].kill()
+        worker.join(timeout=30)
+        assert not worker.is_alive(), "the engine hung after a rank died"
+        assert time.monotonic() - killed < 15
+        error = result.get("error")
+        assert isinstance(error, EngineFailed), result
+        assert "rank 1" in str(error) and "signal 9" in str(error)
+        with pytest.raises(EngineFailed, match="rank 1"):  # and every later request
+            engine.generate(PROMPTS[:1], SamplingParams(max_tokens=2))
+    finally:
+        engine.close()
+
+
+def test_sizes_that_do_not_split_fail_before_any_rank_starts(checkpoints, tmp_path_factory):
+    path = checkpoint(checkpoints, tmp_path_factory, "llama")  # 4 attention heads
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the attention heads"):
+        Engine(path, tensor_parallel_size=3, **COMMON)
+    assert not torch.distributed.is_initialized()
