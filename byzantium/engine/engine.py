@@ -110,7 +110,8 @@ class Engine(SyncAPI):
                                   **limits, cuda_graphs=graphs)
         if self.peers is not None:  # every rank its slice of the same pool, and told every step from now on
             self.peers.tell("build_cache", dict(num_blocks=num_blocks, block_size=self.block_size,
-                                                attention_backend=self.attention_backend, **limits))
+                                                kv_dtype=self.kv_cache_dtype, attention_backend=self.attention_backend,
+                                                **limits))
             self.runner.peers = self.peers
 
     def _drafter(self, num_tokens, max_rows):

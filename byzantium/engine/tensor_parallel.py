@@ -191,8 +191,8 @@ def worker_main(rank, size, address, device, build):
 class RankWorker:
     """A worker rank's slice of the model, and of the KV cache with its runner once rank 0 sizes it."""
 
-    def __init__(self, model, dtype, device):
-        self.model, self.dtype, self.device, self.runner = model, dtype, device, None
+    def __init__(self, model, device):
+        self.model, self.device, self.runner = model, device, None
 
     def follow(self, kind, payload):
         if kind == "run":
@@ -203,7 +203,7 @@ class RankWorker:
             self.runner = None  # the old pool goes before the new one is allocated
             kv_cache = allocate_kv_cache(self.model.config.num_hidden_layers, payload["num_blocks"],
                                          payload["block_size"], self.model.num_kv_heads, self.model.head_dim,
-                                         self.dtype, self.device)
+                                         payload["kv_dtype"], self.device)
             self.runner = ModelRunner(self.model, kv_cache, payload["block_size"], self.device,
                                       payload["attention_backend"], max_num_seqs=payload["max_num_seqs"],
                                       max_batch_tokens=payload["max_batch_tokens"],
@@ -217,4 +217,4 @@ def build_rank(model_dir, options, dtype, rank, device):
     from transformers import AutoConfig
     config = AutoConfig.from_pretrained(model_dir)
     model = load_model(model_class(config), config, model_dir, dtype, device, options).model
-    return RankWorker(model, dtype, device)
+    return RankWorker(model, device)
