@@ -20,7 +20,8 @@ CPU, no AVX-512 for prefills) goes to the reference, whose contract they share.
 
 Sliding-window layers (`window=W`): the kernel always reads a sequence from its first token, so it takes
 them only while no query is further than W tokens in (the window then changes nothing); past that they
-go to the reference, which reads just the window.
+go to the reference, which reads just the window. Chunked layers (`chunk=C`, Llama 4) likewise: the kernels
+while every sequence is within its first chunk, the reference past it.
 """
 import functools
 
@@ -28,6 +29,8 @@ import torch
 
 from . import cpu_ext, reference
 from .notices import warn_once
+
+CHUNKED_ATTENTION = True  # takes `chunk` (layers/attention.py asks before passing it)
 
 ROW_LIMIT_CANDIDATES = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # new tokens per sequence, timed by row_limit
 BUSY_ROW_LIMIT = 32  # when the timings are noise (another process had the cores): what one quiet machine measured
@@ -67,19 +70,19 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     ext.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, chunk=None):
     ext = _kernel(q, k_cache)
-    if ext is None or not _within(window, seq_lens):
-        return reference.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window)
+    if ext is None or not _within(window, seq_lens, chunk):
+        return reference.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window, chunk)
     return _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale)
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
-                             max_lens=None):
+                             max_lens=None, chunk=None):
     ext = _kernel(q, k_cache)
-    if ext is None or not _within(window, seq_lens):
+    if ext is None or not _within(window, seq_lens, chunk):
         return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
-                                                   window)
+                                                   window, chunk=chunk)
     limit = row_limit(q.shape[1], k_cache.shape[-2], q.shape[-1], k_cache.shape[1])
     rows, rest = reference._per_step("cpu-split", (cu_seqlens_q, seq_lens, block_tables),
                                      lambda: _split(cu_seqlens_q, seq_lens, block_tables, limit))
@@ -109,10 +112,11 @@ def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, sca
                                        scale).to(q.dtype)
 
 
-def _within(window, seq_lens):
-    """Whether a window leaves every query of the step all of its keys (no window, or none longer)."""
-    return window is None or reference._per_step(
-        f"cpu-within-{window}", (seq_lens,), lambda: int(seq_lens.max()) <= window)
+def _within(window, seq_lens, chunk=None):
+    """Whether a window (or chunk) leaves every query of the step all of its keys (none, or no sequence longer)."""
+    reach = min((w for w in (window, chunk) if w is not None), default=None)
+    return reach is None or reference._per_step(
+        f"cpu-within-{reach}", (seq_lens,), lambda: int(seq_lens.max()) <= reach)
 
 
 def _split(cu_seqlens_q, seq_lens, block_tables, limit):

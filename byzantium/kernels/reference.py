@@ -9,6 +9,9 @@ Sliding window: with `window=W` (None: global attention) the query at position p
 positions (p - W, p], as transformers' sliding-window layers do. The cache still holds every token of the
 sequence (nothing is freed outside the window); only the keys inside it are read.
 
+Chunked attention (Llama 4's local layers): with `chunk=C` (None: none) the query at position p attends to
+the keys of its own chunk up to itself, [p // C * C, p]. Like the window, only those keys are read.
+
 Every layer of a step calls these with the same metadata tensors, so what depends only on the
 metadata (gather indices, masks) is computed once per step and reused (a one-entry memo keyed on
 the metadata tensors themselves).
@@ -16,6 +19,7 @@ the metadata tensors themselves).
 import torch
 import torch.nn.functional as F
 
+CHUNKED_ATTENTION = True  # takes `chunk` (layers/attention.py asks before passing it)
 _memo = {}
 
 
@@ -51,12 +55,16 @@ def _token_slots(block_tables, lengths, block_size):
     return torch.where(valid, slots, slots[:, :1]), valid
 
 
-def _window_slots(block_tables, lengths, block_size, window):
-    """As _token_slots, over each sequence's last `window` positions only: [B, window]. Sequences shorter
-    than the window are padded (their slots past the length point at their first slot, masked)."""
+def _window_slots(block_tables, lengths, block_size, window, chunk=None):
+    """As _token_slots, over the keys each sequence's last query sees only: its last `window` positions,
+    or with `chunk` those of its last chunk: [B, the smaller of window and chunk]. Sequences shorter than
+    that are padded (their slots past the length point at their first slot, masked)."""
     lengths = lengths.long()
-    first = (lengths - window).clamp(min=0)
-    pos = first[:, None] + torch.arange(window, device=block_tables.device)
+    first = torch.zeros_like(lengths) if window is None else (lengths - window).clamp(min=0)
+    if chunk is not None:
+        first = torch.maximum(first, (lengths - 1).clamp(min=0) // chunk * chunk)
+    width = min(w for w in (window, chunk) if w is not None)
+    pos = first[:, None] + torch.arange(width, device=block_tables.device)
     valid = pos < lengths[:, None]
     pos = torch.where(valid, pos, first[:, None])
     blocks = block_tables.long().gather(1, pos // block_size)
@@ -64,19 +72,19 @@ def _window_slots(block_tables, lengths, block_size, window):
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
-                             max_lens=None):
+                             max_lens=None, chunk=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     q `[T, Hq, D]` packs the new tokens of all sequences (`cu_seqlens_q`, length B+1); `seq_lens[b]` is
     sequence b's total length with the new tokens' K/V already stored, so new token j of sequence b
-    sits at position `seq_lens[b] - q_len_b + j`. `window`: see the module docstring. Returns `[T, Hq, D]`.
+    sits at position `seq_lens[b] - q_len_b + j`. `window`, `chunk`: see the module docstring. Returns `[T, Hq, D]`.
     `max_lens` (the longest new-token run and sequence, host ints) is for backends that size their
     grid with them (flash-attn); the others take and ignore it.
     """
     num_kv_heads, head_dim = k_cache.shape[-2:]
     # One memo per window: a model interleaving sliding and global layers alternates between two plans.
-    plan = _per_step(f"prefill-{window}", (cu_seqlens_q, seq_lens, block_tables),
-                     lambda: _prefill_plan(cu_seqlens_q, seq_lens, block_tables, k_cache.shape[1], window))
+    plan = _per_step(f"prefill-{window}-{chunk}", (cu_seqlens_q, seq_lens, block_tables),
+                     lambda: _prefill_plan(cu_seqlens_q, seq_lens, block_tables, k_cache.shape[1], window, chunk))
     flat_k = k_cache.view(-1, num_kv_heads, head_dim)
     flat_v = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty_like(q)
@@ -90,7 +98,7 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     return out
 
 
-def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size, window=None):
+def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size, window=None, chunk=None):
     """Per sequence: its query rows, the slots of its keys, and its causal mask."""
     plan = []
     starts, lengths = cu_seqlens_q.tolist(), seq_lens.tolist()
@@ -100,29 +108,33 @@ def _prefill_plan(cu_seqlens_q, seq_lens, block_tables, block_size, window=None)
             continue
         slots, _ = _token_slots(block_tables[b:b + 1], seq_lens[b:b + 1], block_size)
         first_query = total - (end - start)
-        # Keys before the first query's window are seen by no query: not read at all.
+        # Keys before the first query's window (or chunk) are seen by no query: not read at all.
         first_key = 0 if window is None else max(0, first_query - window + 1)
+        if chunk is not None:
+            first_key = max(first_key, first_query // chunk * chunk)
         # Bottom-right aligned causal mask: new token j sees keys up to position total - q_len + j (and,
         # with a window, from position total - q_len + j - window + 1). With no cached prefix and no
         # window in reach that is SDPA's own causal mask (mask None), which is faster.
         mask = None
-        if first_query > 0 or (window is not None and total > window):
+        if first_query > 0 or (window is not None and total > window) or (chunk is not None and total > chunk):
             query_pos = torch.arange(first_query, total, device=slots.device)[:, None]
             key_pos = torch.arange(first_key, total, device=slots.device)[None, :]
             mask = key_pos <= query_pos
             if window is not None:
                 mask &= key_pos > query_pos - window
+            if chunk is not None:
+                mask &= key_pos >= query_pos // chunk * chunk
         plan.append((start, end, slots[0, first_key:], mask))
     return plan
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, chunk=None):
     """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens (its
-    last `window` of them when a window is given)."""
+    last `window` of them when a window is given, those of its last chunk with `chunk`)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    slots, mask = _per_step(f"decode-{window}", (seq_lens, block_tables),
-                            lambda: _decode_plan(seq_lens, block_tables, k_cache.shape[1], window))
+    slots, mask = _per_step(f"decode-{window}-{chunk}", (seq_lens, block_tables),
+                            lambda: _decode_plan(seq_lens, block_tables, k_cache.shape[1], window, chunk))
     # index_select, not advanced indexing: the latter takes a slow per-element path on CPU.
     shape = (batch, -1, num_kv_heads, head_dim)
     k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
@@ -133,9 +145,10 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
     return out.reshape(batch, num_heads, head_dim)
 
 
-def _decode_plan(seq_lens, block_tables, block_size, window=None):
-    if window is not None and int(seq_lens.max()) > window:
-        slots, valid = _window_slots(block_tables, seq_lens, block_size, window)
+def _decode_plan(seq_lens, block_tables, block_size, window=None, chunk=None):
+    reach = min((w for w in (window, chunk) if w is not None), default=None)  # keys a query may see at most
+    if reach is not None and int(seq_lens.max()) > reach:
+        slots, valid = _window_slots(block_tables, seq_lens, block_size, window, chunk)
     else:
         slots, valid = _token_slots(block_tables, seq_lens, block_size)
     # Sequences of equal length (a batch decoding in lockstep, or one sequence) need no mask.
