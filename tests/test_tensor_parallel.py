@@ -6,6 +6,7 @@ naming the rank; bad sizes fail before any process starts.
 Both engines run the linears on plain torch (cpu_packed_linears=False): the kernel measured fastest for a
 whole weight and for its half may differ, and two kernels round differently. What is compared is the split
 itself."""
+import importlib.util
 import threading
 import time
 
@@ -123,3 +124,45 @@ def test_sizes_that_do_not_split_fail_before_any_rank_starts(checkpoints, tmp_pa
     with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the attention heads"):
         Engine(path, tensor_parallel_size=3, **COMMON)
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'byzantium[ray]')")
+def test_a_ray_replica_is_one_tensor_parallel_group(checkpoints, tmp_path_factory):
+    """With --ray a replica is one actor holding its group's resources (Ray places it on one node), its
+    ranks processes of that actor; it answers as the whole model does in this process."""
+    import asyncio
+
+    import ray
+
+    from byzantium.backends import LLMPool
+    path = str(checkpoint(checkpoints, tmp_path_factory, "llama"))
+    params = SamplingParams(max_tokens=8)
+    with LLMPool("native", **COMMON) as pool:
+        want = asyncio.run(pool.get(path).generate(PROMPTS[1], params)).token_ids
+    ray.init(num_cpus=2, logging_level="ERROR", include_dashboard=False)
+    try:
+        with LLMPool("native", ray=True, ray_replicas=1, tensor_parallel_size=2, **COMMON) as pool:
+            llm = pool.get(path)
+            assert asyncio.run(llm.generate(PROMPTS[1], params)).token_ids == want
+            assert llm.describe()["tensor_parallel_size"] == 2
+            assert pool.placement.resources(2) == (2, 0)  # CPU: two CPUs, no GPU, for the two ranks
+    finally:
+        ray.shutdown()
+
+
+def test_the_flags_reach_the_engine_options():
+    import argparse
+
+    from byzantium.backends import add_backend_args, pool_kwargs
+    parser = argparse.ArgumentParser()
+    add_backend_args(parser)
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    args = parser.parse_args(["--tensor-parallel-size", "4", "--quantization", "fp8", "--kv-cache-dtype", "fp8"])
+    assert pool_kwargs(args) == {"tensor_parallel_size": 4, "quantization": "fp8", "kv_cache_dtype": "fp8"}
+    with pytest.raises(ValueError, match="--tensor-parallel-size must be >= 1"):
+        pool_kwargs(parser.parse_args(["--tensor-parallel-size", "0"]))
+    with pytest.raises(ValueError, match="are for --backend native, not hf"):
+        pool_kwargs(parser.parse_args(["--backend", "hf", "--tensor-parallel-size", "2"]))
+    with pytest.raises(ValueError, match="is for --backend native"):
+        pool_kwargs(parser.parse_args(["--backend", "openai", "--base-url", "http://x", "--quantization", "fp8"]))

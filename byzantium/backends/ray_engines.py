@@ -167,8 +167,9 @@ class RayLLM(LLM):
     def start_replica(self, slot, restarts=0):
         import ray
         p = self.placement
+        cpus, gpus = p.resources(self.engine_kwargs.get("tensor_parallel_size", 1))
         actor = ray.remote(ReplicaEngine).options(
-            num_cpus=p.cpus_per_replica, num_gpus=p.gpus_per_replica, max_restarts=0,
+            num_cpus=cpus, num_gpus=gpus, max_restarts=0,
             max_concurrency=100_000,  # an async actor: concurrent coroutines, all feeding one engine
         ).remote(self.model, self.engine_kwargs)
         suffix = f"/r{restarts}" if restarts else ""

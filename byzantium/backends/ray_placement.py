@@ -38,13 +38,19 @@ class Placement:
         """The models the run will load (their number sizes the default replica count)."""
         self.models = max(1, len({resolve_model(m) for m in models}))
 
-    def replicas_per_model(self):
+    def replicas_per_model(self, tensor_parallel_size=1):
         import ray
         if self.replicas is not None:
             return self.replicas
         if not self.gpus_per_replica:
             return 1  # on CPU one replica; more with --ray-replicas
-        return max(1, int(ray.cluster_resources().get("GPU", 0) / self.gpus_per_replica) // self.models)
+        each = self.gpus_per_replica * tensor_parallel_size
+        return max(1, int(ray.cluster_resources().get("GPU", 0) / each) // self.models)
+
+    def resources(self, tensor_parallel_size=1):
+        """(CPUs, GPUs) of one replica: a tensor-parallel group is one actor holding all its ranks' GPUs, so
+        Ray places it on one node (an actor never spans nodes), its ranks one process each in it."""
+        return self.cpus_per_replica * tensor_parallel_size, self.gpus_per_replica * tensor_parallel_size
 
     def add(self, model, name, engine_kwargs):
         """A RayLLM for `model`; its replicas loaded (a model that fails to load fails here)."""
@@ -54,21 +60,25 @@ class Placement:
         elif self.gpus_per_replica < 1 and not any(k in kwargs for k in ("num_blocks", "kv_cache_gib", "memory_fraction")):
             from ..engine.memory import DEFAULT_MEMORY_FRACTION
             kwargs["memory_fraction"] = DEFAULT_MEMORY_FRACTION * self.gpus_per_replica  # its share of the GPU
-        self.check_fits(self.replicas_per_model())
-        llm = RayLLM(self, model, name, self.replicas_per_model(), kwargs)
+        tp = kwargs.get("tensor_parallel_size", 1)
+        self.check_fits(self.replicas_per_model(tp), tp)
+        llm = RayLLM(self, model, name, self.replicas_per_model(tp), kwargs)
         self.llms.append(llm)
         self.wait(llm.replicas)
         return llm
 
-    def check_fits(self, replicas):
+    def check_fits(self, replicas, tensor_parallel_size=1):
         """Refuse replicas the whole cluster could never hold (Ray would keep them pending forever)."""
         import ray
         have = ray.cluster_resources()
-        replicas += sum(r.alive or r.ready is not None for llm in self.llms for r in llm.replicas)  # this pool's
-        for resource, each in (("CPU", self.cpus_per_replica), ("GPU", self.gpus_per_replica)):
-            if each and replicas * each > have.get(resource, 0) + 1e-9:
-                raise ValueError(f"{replicas} replicas need {replicas * each:g} {resource}s; the Ray cluster has "
-                                 f"{have.get(resource, 0):g} (lower --ray-replicas)")
+        held = [self.resources(llm.engine_kwargs.get("tensor_parallel_size", 1)) for llm in self.llms
+                for r in llm.replicas if r.alive or r.ready is not None]  # this pool's
+        new = self.resources(tensor_parallel_size)
+        for index, resource in enumerate(("CPU", "GPU")):
+            need = replicas * new[index] + sum(h[index] for h in held)
+            if new[index] and need > have.get(resource, 0) + 1e-9:
+                raise ValueError(f"{replicas} replicas need {need:g} {resource}s with this pool's others; the Ray "
+                                 f"cluster has {have.get(resource, 0):g} (lower --ray-replicas)")
 
     def wait(self, replicas):
         import ray
