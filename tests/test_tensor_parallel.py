@@ -89,6 +89,24 @@ def test_two_ranks_equal_one(kind, checkpoints, tmp_path_factory):
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism on CUDA (NCCL) needs two GPUs")
+@pytest.mark.parametrize("kind", ["llama", "qwen3-moe", "gemma3"])
+def test_two_gpus_equal_one(kind, checkpoints, tmp_path_factory):
+    """The same on NCCL: rank r on cuda:r, fp32 (the comparison is of the split, not of a dtype)."""
+    path = checkpoint(checkpoints, tmp_path_factory, kind)
+    on_gpu = dict(device="cuda", dtype="float32", num_blocks=128, enforce_eager=True)
+    whole = Engine(path, **on_gpu)
+    want = [o.token_ids for o in whole.generate(PROMPTS, SamplingParams(max_tokens=10))]
+    want_logits = whole.logits(PROMPTS)
+    del whole
+    engine = Engine(path, tensor_parallel_size=2, **on_gpu)
+    try:
+        assert [o.token_ids for o in engine.generate(PROMPTS, SamplingParams(max_tokens=10))] == want
+        torch.testing.assert_close(engine.logits(PROMPTS), want_logits, rtol=1e-4, atol=1e-4)
+    finally:
+        engine.close()
+
+
 def test_a_killed_rank_fails_the_engine_quickly(checkpoints, tmp_path_factory):
     path = checkpoint(checkpoints, tmp_path_factory, "llama")
     engine = Engine(path, tensor_parallel_size=2, **COMMON)

@@ -84,7 +84,7 @@ class Peers:
                                       name=f"byzantium-tp-rank{rank}", daemon=True)
             process.start()
             self.workers[rank] = process
-        self.cpu_group = _join(0, size, address, device)
+        self.cpu_group = _join(0, size, address, rank_device(device, 0))
         self.nccl = device.type == "cuda"
         threading.Thread(target=self._watch, name="byzantium-tp-watchdog", daemon=True).start()
 
