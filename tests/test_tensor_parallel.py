@@ -137,6 +137,22 @@ def test_a_killed_rank_fails_the_engine_quickly(checkpoints, tmp_path_factory):
         engine.close()
 
 
+def test_two_tensor_parallel_engines_share_a_process(checkpoints, tmp_path_factory):
+    """Each engine has its own process groups (not torch.distributed's global one): two at once, as a
+    heterogeneous ensemble holds them, each answering as its whole model does."""
+    paths = [checkpoint(checkpoints, tmp_path_factory, kind) for kind in ("llama", "qwen3")]
+    params = SamplingParams(max_tokens=6)
+    want = [[o.token_ids for o in Engine(path, **COMMON).generate(PROMPTS, params)] for path in paths]
+    engines = [Engine(path, tensor_parallel_size=2, **COMMON) for path in paths]
+    try:
+        for _ in range(2):  # interleaved
+            assert [[o.token_ids for o in e.generate(PROMPTS, params)] for e in engines] == want
+    finally:
+        for engine in engines:
+            engine.close()
+    assert not torch.distributed.is_initialized()
+
+
 def test_sizes_that_do_not_split_fail_before_any_rank_starts(checkpoints, tmp_path_factory):
     path = checkpoint(checkpoints, tmp_path_factory, "llama")  # 4 attention heads
     with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the attention heads"):

@@ -55,14 +55,11 @@ class Engine(SyncAPI):
         self.tokenizer = load_tokenizer(self.model_dir)
         self.cpu_packed_linears, self.cpu_kernels = c.cpu_packed_linears, c.cpu_kernels
         self.peers = None  # the other tensor-parallel ranks (tensor_parallel.py)
-        if c.tensor_parallel_size > 1 and torch.distributed.is_initialized():
-            raise ValueError("a tensor-parallel engine needs a process of its own (torch.distributed is already "
-                             "initialized here, e.g. by another tensor-parallel engine)")
-        with parallel.using(parallel.Group(0, c.tensor_parallel_size)):  # rank 0's slice of the model
+        group = parallel.Group(0, c.tensor_parallel_size)
+        with parallel.using(group):  # rank 0's slice of the model
             setup = self._load_model(checkpoint_config, self.model_dir)
         if c.tensor_parallel_size > 1:  # after rank 0's load: the others read the kernel choices it cached
-            self.peers = Peers(c.tensor_parallel_size, self.device,
-                               partial(build_rank, self.model_dir, c, self.dtype))
+            self.peers = Peers(group, self.device, partial(build_rank, self.model_dir, c, self.dtype))
         self.model, self.linear_kernels, self.linear_timings = setup.model, setup.linear_kernels, setup.linear_timings
         self.cpu_layer_ops = setup.cpu_layer_ops
         self.config = self.model.config  # the text model's: a multimodal checkpoint's text_config (Gemma 3)
@@ -77,7 +74,8 @@ class Engine(SyncAPI):
         no_kernels = c.attention_backend == "auto" and not c.cpu_kernels and self.device.type == "cpu"
         self.attention_backend = "torch" if no_kernels else c.attention_backend
         self.kv_cache_dtype = kv_cache_dtype(c.kv_cache_dtype, self.dtype)  # "fp8": e4m3 K/V, read by torch or Triton
-        self.attention_backend = kv_attention_backend(self.attention_backend, self.kv_cache_dtype, self.device)
+        self.attention_backend = kv_attention_backend(self.attention_backend, self.kv_cache_dtype, self.dtype,
+                                                      self.device)
         self.eos_token_ids = self._eos_ids()
         self.drafter = self._drafter(c.num_speculative_tokens, c.speculative_max_rows)
         self.profile = c.profile  # a step with prefill and decode rows runs them as two timed passes

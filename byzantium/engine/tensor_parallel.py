@@ -13,7 +13,7 @@ a dead worker between steps, and on CUDA aborts the NCCL group so that rank 0 is
 """
 import logging
 import os
-import socket
+import pickle
 import sys
 import threading
 import time
@@ -53,39 +53,56 @@ def cpu_threads(size):
     return max(1, (os.cpu_count() or 1) // size)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _connect(store, rank, size, device, group):
+    """This rank's process groups for one engine, made on the engine's own store (not torch.distributed's
+    global default group, so several tensor-parallel engines can live in one process): gloo for the step
+    plans, and for the sums NCCL on CUDA (gloo on the CPU). Returns the plans' group."""
+    plans = dist.ProcessGroupGloo(dist.PrefixStore("plans/", store), rank, size, TIMEOUT)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = TIMEOUT
+        group.backend = dist.ProcessGroupNCCL(dist.PrefixStore("sums/", store), rank, size, options)
+    else:
+        group.backend = plans  # one gloo group serves both: every rank calls them in the same order
+    return plans
 
 
-def _join(rank, size, address, device):
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=size, timeout=TIMEOUT,
-                            device_id=device if device.type == "cuda" else None)
-    world = dist.group.WORLD
-    return world if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
+def _send(plans, message):
+    data = pickle.dumps(message)
+    plans.broadcast(torch.tensor([len(data)]), 0).wait()
+    plans.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0).wait()
+
+
+def _receive(plans):
+    length = torch.zeros(1, dtype=torch.int64)
+    plans.broadcast(length, 0).wait()
+    data = torch.empty(int(length), dtype=torch.uint8)
+    plans.broadcast(data, 0).wait()
+    return pickle.loads(data.numpy().tobytes())
 
 
 class Peers:
     """Rank 0's handle on the other ranks: starts them, tells them each step, and stops them."""
 
-    def __init__(self, size, device, build):
-        """build(rank): what a worker runs to make its model (picklable: a functools.partial of a module
-        function). Returns once every rank has joined the group (the workers then load their slices)."""
-        self.size, self.closing, self.failure = size, False, None
+    def __init__(self, group, device, build):
+        """group: rank 0's parallel.Group, which the model was built with (its backend is set here).
+        build(rank, device): what a worker runs to make its RankWorker (picklable: a functools.partial of
+        a module function). Returns once every rank has joined (the workers then load their slices)."""
+        size = group.size
+        self.closing, self.failure = False, None
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads(size))
-        address = f"tcp://127.0.0.1:{_free_port()}"
+        self.store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
         context = mp.get_context("spawn")
         self.workers = {}
         for rank in range(1, size):
-            process = context.Process(target=worker_main, args=(rank, size, address, rank_device(device, rank), build),
+            process = context.Process(target=worker_main,
+                                      args=(rank, size, self.store.port, rank_device(device, rank), build),
                                       name=f"byzantium-tp-rank{rank}", daemon=True)
             process.start()
             self.workers[rank] = process
-        self.cpu_group = _join(0, size, address, rank_device(device, 0))
-        self.nccl = device.type == "cuda"
+        self.group, self.nccl = group, device.type == "cuda"
+        self.plans = _connect(self.store, 0, size, rank_device(device, 0), group)
         threading.Thread(target=self._watch, name="byzantium-tp-watchdog", daemon=True).start()
 
     def tell(self, kind, payload=None):
@@ -93,7 +110,7 @@ class Peers:
         ("build_cache", kwargs) or ("exit", None)."""
         self.check()
         try:
-            dist.broadcast_object_list([(kind, payload)], src=0, group=self.cpu_group)
+            _send(self.plans, (kind, payload))
         except Exception as error:  # noqa: BLE001 - a peer gone: named below
             raise self.died(error) from error
 
@@ -132,9 +149,10 @@ class Peers:
         self.workers[rank].join(timeout=5)  # its exit code is set once it is joined
         self.failure = f"tensor-parallel rank {rank} ended ({_ending(self.workers[rank])}); the engine cannot go on"
         logger.error("byzantium: %s", self.failure)
-        if self.nccl:  # NCCL would wait for the dead rank forever: abort, so rank 0's collective raises
+        abort = getattr(self.group.backend, "abort", None)
+        if self.nccl and abort is not None:  # NCCL would wait for the dead rank: abort, so rank 0's collective raises
             try:
-                dist.distributed_c10d._abort_process_group()
+                abort()
             except Exception:  # noqa: BLE001 - best effort; the collective timeout remains
                 pass
 
@@ -145,15 +163,13 @@ class Peers:
         self.closing = True
         if self.failure is None:
             try:
-                dist.broadcast_object_list([("exit", None)], src=0, group=self.cpu_group)
+                _send(self.plans, ("exit", None))
             except Exception:  # noqa: BLE001 - a peer already gone: killed below
                 pass
         for process in self.workers.values():
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _ending(process):
@@ -163,7 +179,7 @@ def _ending(process):
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def worker_main(rank, size, address, device, build):
+def worker_main(rank, size, port, device, build):
     """A worker rank: join the group, build this rank's model, then follow rank 0's instructions."""
     if os.environ.get("BYZANTIUM_LINEAR_KERNELS") == "measure":
         del os.environ["BYZANTIUM_LINEAR_KERNELS"]  # rank 0 measured: the cache it wrote gives its choices here
@@ -172,17 +188,16 @@ def worker_main(rank, size, address, device, build):
     else:
         torch.cuda.set_device(device)
     try:
-        cpu_group = _join(rank, size, address, device)
-        with parallel.using(parallel.Group(rank, size)):  # the model's slice is this rank's
+        store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=TIMEOUT)
+        group = parallel.Group(rank, size)
+        plans = _connect(store, rank, size, device, group)
+        with parallel.using(group):  # the model's slice is this rank's
             worker = build(rank, device)
         while True:
-            holder = [None]
-            dist.broadcast_object_list(holder, src=0, group=cpu_group)
-            kind, payload = holder[0]
+            kind, payload = _receive(plans)
             if kind == "exit":
                 break
             worker.follow(kind, payload)
-        dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the rank ends; rank 0 names it
         print(f"byzantium: tensor-parallel rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         os._exit(1)

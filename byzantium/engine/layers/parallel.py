@@ -18,14 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 
-@dataclass(frozen=True)
+@dataclass
 class Group:
     rank: int = 0
     size: int = 1
-    group: object = None  # the torch.distributed process group; None with one rank
+    backend: object = None  # this engine's own process group (tensor_parallel.py sets it once all ranks joined)
 
 
 _current = Group()
@@ -80,7 +79,7 @@ def experts_of_rank(num_experts):
 def all_reduce(x, group):
     """Sum x over the group's ranks, in place (one rank: x itself)."""
     if group.size > 1:
-        dist.all_reduce(x, group=group.group)
+        group.backend.allreduce([x]).wait()
     return x
 
 
@@ -89,7 +88,7 @@ def gather_last(x, group):
     if group.size == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(group.size)]
-    dist.all_gather(parts, x.contiguous(), group=group.group)
+    group.backend.allgather([parts], [x.contiguous()]).wait()
     return torch.cat(parts, dim=-1)
 
 
