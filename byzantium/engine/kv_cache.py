@@ -13,6 +13,8 @@ from collections import OrderedDict
 
 import torch
 
+FP8_KV = torch.float8_e4m3fn
+
 
 def block_hash(parent, token_ids):
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
@@ -35,6 +37,32 @@ def allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim
     private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}  # Windows: none
     pages = mmap.mmap(-1, nbytes, **private)
     return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps the mapping
+
+
+def kv_cache_dtype(kv_cache_dtype, dtype):
+    """The pool's dtype for EngineConfig.kv_cache_dtype: "fp8" e4m3 (K/V at scale 1: kernels.reference.
+    cast_for_cache), "auto" the model's `dtype`."""
+    return FP8_KV if kv_cache_dtype == "fp8" else dtype
+
+
+def kv_attention_backend(backend, kv_dtype, dtype, device):
+    """The attention backend that reads a pool of `kv_dtype` for a model of `dtype`. An FP8 pool is read by
+    the torch reference, and by the Triton kernels for bf16/fp16 models on GPUs of compute capability >= 8.9
+    (Triton has no e4m3 below; fp32 tiles upcast from FP8 spill registers, compiled for sm_89/sm_90); "auto"
+    picks one of those. The compiled CPU kernels and flash-attn take fp32/bf16 K/V only: refused."""
+    if kv_dtype != FP8_KV:
+        return backend
+    if backend in ("cpu", "flash_attn"):
+        raise ValueError(f"attention_backend={backend!r} cannot read an FP8 KV cache (kv_cache_dtype='fp8'); "
+                         "use attention_backend='torch' or 'triton' (CUDA), or kv_cache_dtype='auto'")
+    triton = (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+              and torch.cuda.get_device_capability(device) >= (8, 9))
+    if backend == "triton" and not triton:
+        raise ValueError("attention_backend='triton' reads an FP8 KV cache only for bf16/fp16 models on CUDA GPUs of "
+                         "compute capability >= 8.9; use attention_backend='torch' or kv_cache_dtype='auto'")
+    if backend == "auto":
+        return "auto" if triton else "torch"  # auto there: Triton (the torch reference when triton is missing)
+    return backend
 
 
 class BlockManager:

@@ -1,5 +1,6 @@
-"""An engine's model: built on meta, its weights read straight to the device at the target dtype, then
-set on the CPU kernels measured fastest here (linears) and the compiled layer ops (norms, rope, SiLU)."""
+"""An engine's model: built on meta, its weights read straight to the device at the target dtype (FP8
+where quantization.py says so), then set on the CPU kernels measured fastest here (linears) and the
+compiled layer ops (norms, rope, SiLU)."""
 from dataclasses import dataclass
 
 import torch
@@ -7,6 +8,7 @@ import torch
 from ..kernels import cpu_ext, warn_once
 from .layers.linear import pack_linears, packing_available
 from .loader import iter_safetensors
+from .quantization import checkpoint_tensors, quantization_spec, swap_fp8_linears
 
 
 @dataclass
@@ -15,19 +17,26 @@ class ModelSetup:
     linear_kernels: object  # "torch", or {"INxOUT": kernel name} as measured on this CPU
     linear_timings: dict  # {shape: {candidate: seconds}} measured by this start (empty when cached)
     cpu_layer_ops: bool  # norms, rope and SiLU * up on the compiled kernels
+    quantization: object = None  # quantization.Fp8Spec of the FP8 linears, None when there are none
 
 
 def load_model(model_class, config, model_dir, dtype, device, options):
     """The model of checkpoint `config` in `model_dir`, as EngineConfig `options` ask (every tensor-parallel
     rank builds its own slice with this, the current layers.parallel group deciding which)."""
     cpu_packed_linears, cpu_kernels = options.cpu_packed_linears, options.cpu_kernels
+    spec = quantization_spec(config, getattr(options, "quantization", None))  # an unknown format fails here, before any weight is read
     with torch.device("meta"):  # no random init of weights we overwrite anyway
         model = model_class(config)
     # Cast on meta first, so every weight is allocated once, at the target dtype (casting after
     # to_empty would hold an fp32 copy: twice the bf16 weights at the peak).
-    model = model.to(dtype).to_empty(device=device)
+    model = model.to(dtype)
+    fp8_parts = swap_fp8_linears(model, spec) if spec is not None else set()  # after .to(dtype): it would cast them
+    model = model.to_empty(device=device)
     model.init_buffers(device)  # what to_empty left uninitialised: rope tables, tied weights
-    model.load_weights(iter_safetensors(model_dir, device))  # one tensor at a time, straight to the device
+    tensors = iter_safetensors(model_dir, device)  # one tensor at a time, straight to the device
+    if spec is not None:  # FP8 weights paired with their scales (or dequantized), static scales dropped
+        tensors = checkpoint_tensors(tensors, spec, fp8_parts, dtype)
+    model.load_weights(tensors)
     linear_kernels, linear_timings = "torch", {}
     cpu = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if cpu_packed_linears and cpu:
@@ -43,4 +52,4 @@ def load_model(model_class, config, model_dir, dtype, device, options):
     if compiled:
         model.use_cpu_ops(cpu_ext.load())
     layer_ops = compiled and (dtype == torch.float32 or cpu_ext.load().avx512_bf16_supported())
-    return ModelSetup(model.eval(), linear_kernels, linear_timings, layer_ops)
+    return ModelSetup(model.eval(), linear_kernels, linear_timings, layer_ops, spec if fp8_parts else None)

@@ -12,6 +12,9 @@ sequence (nothing is freed outside the window); only the keys inside it are read
 Chunked attention (Llama 4's local layers): with `chunk=C` (None: none) the query at position p attends to
 the keys of its own chunk up to itself, [p // C * C, p]. Like the window, only those keys are read.
 
+An FP8 cache (kv_cache_dtype="fp8": float8_e4m3fn) holds K/V at scale 1 (cast_for_cache) and is read
+back in the query's dtype.
+
 Every layer of a step calls these with the same metadata tensors, so what depends only on the
 metadata (gather indices, masks) is computed once per step and reused (a one-entry memo keyed on
 the metadata tensors themselves).
@@ -20,7 +23,23 @@ import torch
 import torch.nn.functional as F
 
 CHUNKED_ATTENTION = True  # takes `chunk` (layers/attention.py asks before passing it)
+FP8_KV = torch.float8_e4m3fn
 _memo = {}
+
+
+def cast_for_cache(x, cache):
+    """K or V as `cache` stores them: an FP8 cache at scale 1 (vLLM's default without checkpoint K/V scales),
+    clamped to e4m3's +-448 (bf16 K/V rarely come near it, and past it a cast gives NaN on CUDA)."""
+    if x.dtype == cache.dtype:
+        return x
+    return (x.clamp(-448.0, 448.0) if cache.dtype == FP8_KV else x).to(cache.dtype)
+
+
+def _gather(flat_cache, slots, dtype):
+    """Rows `slots` of a [slots, H, D] cache in `dtype`; FP8 gathered as bytes (index ops lack FP8 kernels)."""
+    if flat_cache.dtype == FP8_KV:
+        return flat_cache.view(torch.uint8).index_select(0, slots).view(FP8_KV).to(dtype)
+    return flat_cache.index_select(0, slots)
 
 
 def _per_step(name, key, make):
@@ -39,6 +58,9 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     if keep is not None:
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     num_kv_heads, head_dim = k_cache.shape[-2:]
+    k, v = cast_for_cache(k, k_cache), cast_for_cache(v, v_cache)
+    if k_cache.dtype == FP8_KV:  # index_copy_ has no FP8 kernel: copy the bytes
+        k, v, k_cache, v_cache = (t.view(torch.uint8) for t in (k, v, k_cache, v_cache))
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
@@ -90,8 +112,8 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     out = torch.empty_like(q)
     for start, end, slots, mask in plan:
         # 4-D [1, H, L, D]: with 3-D inputs torch's CPU SDPA takes its slow math path (3.5x slower at 512 tokens).
-        k = flat_k.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, L, D]
-        v = flat_v.index_select(0, slots).transpose(0, 1)[None]
+        k = _gather(flat_k, slots, q.dtype).transpose(0, 1)[None]  # [1, Hkv, L, D]
+        v = _gather(flat_v, slots, q.dtype).transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale,
                                            is_causal=mask is None, enable_gqa=True)
         out[start:end] = o[0].transpose(0, 1)
@@ -137,8 +159,8 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
                             lambda: _decode_plan(seq_lens, block_tables, k_cache.shape[1], window, chunk))
     # index_select, not advanced indexing: the latter takes a slow per-element path on CPU.
     shape = (batch, -1, num_kv_heads, head_dim)
-    k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(shape).transpose(1, 2)
+    k = _gather(k_cache.view(-1, num_kv_heads, head_dim), slots, q.dtype).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
+    v = _gather(v_cache.view(-1, num_kv_heads, head_dim), slots, q.dtype).view(shape).transpose(1, 2)
     # The query heads of one KV head act as that head's "query rows": GQA without repeating K/V.
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)

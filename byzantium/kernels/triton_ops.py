@@ -20,6 +20,10 @@ Sliding window (`window=W`; None: global attention): the query at position p see
 splits only the window's keys; append prefill starts each tile at the first key its first query sees and
 masks per row. The cache keeps every token; keys before the window are simply not read.
 
+An FP8 cache (kv_cache_dtype="fp8") is written as reference.cast_for_cache casts (scale 1, clamped; in
+torch, so both backends store the same bytes) and its K/V tiles are converted to the query's dtype as they
+are loaded (needs a GPU with FP8 conversions in Triton: compute capability 8.9 or more).
+
 Masking: keys past a sequence's length are never loaded (masked loads give 0) and their scores are
 -inf, so unwritten cache slots (which may hold NaN) cannot reach the output. All accumulation is fp32;
 softmax uses exp2 with log2(e) folded into the scale.
@@ -29,6 +33,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from .reference import cast_for_cache
 
 _LOG2E = 1.4426950408889634
 
@@ -63,7 +69,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    k, v = _last_dim_contiguous(cast_for_cache(k, k_cache)), _last_dim_contiguous(cast_for_cache(v, v_cache))
     _check_cache(k_cache, v_cache)
     _store_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping,
@@ -131,7 +137,7 @@ def _decode_split_kernel(
         block = tl.load(table + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
         kv_offs = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         k = tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [D, N]; an FP8 cache upcast
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         # Online softmax (base 2). Every tile has >= 1 valid key, so m_new is finite.
@@ -140,7 +146,7 @@ def _decode_split_kernel(
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)  # [N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -317,7 +323,7 @@ def _append_prefill_kernel(
         block = tl.load(table + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
         kv_offs = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         k = tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [D, N]; an FP8 cache upcast
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
         qk = tl.where(mask_n[None, :] & visible, qk, float("-inf"))
@@ -329,7 +335,7 @@ def _append_prefill_kernel(
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)  # [N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
