@@ -9,6 +9,8 @@
     byzantium sweep FILE.toml --out DIR every cell of an experiment file (a paper's table), one engine per model
     byzantium report DIR... [--format md|csv|tex]   the papers' tables (95 % CIs, published numbers beside)
     byzantium plot DIR... [--out PLOTDIR]            the papers' figures as PNGs
+    byzantium plan MODEL... [--gpus N]   the tensor-parallel size and quantization each model needs on N GPUs
+                                        and the KV tokens left (byzantium/plan/; loads nothing)
     byzantium profile run <method> ...  a run with the engine profiling: profile.json, trace.json and
                                         profile.png in its out dir, a table per tag and phase
     byzantium serve --model M ...       an OpenAI-compatible server on the engine (see server/)
@@ -32,6 +34,7 @@ import sys
 from . import generate
 from .commands import Command, add_commands
 from .experiments import demo, plot, profile, report, run_command
+from .plan import command as plan_command
 from .server import add_serve_args, cmd_serve
 from .sweep import command as sweep_command
 
@@ -40,7 +43,7 @@ SERVE = Command("serve", "an OpenAI-compatible HTTP server on the engine (/v1/co
 
 # In the order `byzantium --help` lists them.
 COMMANDS = [demo.COMMAND, generate.COMMAND, run_command.COMMAND, sweep_command.COMMAND, report.COMMAND, plot.COMMAND,
-            profile.COMMAND, SERVE]
+            plan_command.COMMAND, profile.COMMAND, SERVE]
 
 
 def parser():

@@ -98,6 +98,13 @@ limit = 2
     ("[scale.paper.run]\nlimit = 1\n", "[scale.smoke]: missing"),
     ("[[published]]\ntable = 'T'\nmethod = 'maj'\nmetric = 'acc'\nvalue = 'high'\nwhere = {}\nsource = 's'\n",
      "[[published]] #1.value"),
+    ("[models.'a/x']\nquantization = 'int4'\n", "[models.\"a/x\"].quantization: 'int4'; known: fp8"),
+    ("[models.'a/x']\ntensor_parallel_size = 0\n", "[models.\"a/x\"].tensor_parallel_size: a positive integer, got 0"),
+    ("[models.'a/x']\ntensor_parallel = 2\n", "[models.\"a/x\"].tensor_parallel: unknown key; known: "
+                                             "chat_template_kwargs, max_model_len, tensor_parallel_size, quantization"),
+    ("models = ['a/x', 'a/x', 'b/y', 'b/y', 'b/y']\n[models.'a/x']\nquantization = 'fp8'\n",
+     "cell maj-gen-arith: its models have different [models] engine settings (a/x: tensor_parallel_size 1, "
+     "quantization fp8; b/y: tensor_parallel_size 1, quantization None)"),
 ])
 def test_a_broken_file_is_refused_naming_the_key(extra, problem, tmp_path, no_loading, capsys):
     path = tmp_path / "sweep.toml"
@@ -393,6 +400,80 @@ def test_dry_run_weights_fit_and_rates(tmp_path, no_loading, capsys, monkeypatch
         assert "no measured rate for any cell" in out  # none is invented
     finally:
         sweep_mod.measured_rates.cache_clear()
+
+
+def test_dry_run_names_each_models_plan(tmp_path, no_loading, capsys):
+    path = sweep_file(tmp_path, BASE.replace("limit = 2\n", "limit = 36\nagents = 5\nmax_len = 100\n") +
+                      "[axes]\nmodel = ['meta-llama/Llama-3.3-70B-Instruct', 'meta-llama/Meta-Llama-3-8B-Instruct', "
+                      "'org/unknown-model']\n[models.'meta-llama/Llama-3.3-70B-Instruct']\nquantization = 'fp8'\n")
+    out, rows_ = dry_run_lines(capsys, path, tmp_path, "--device-memory", "150.1")  # one H200: 139.8 GiB
+    assert rows_["maj-gen-arith-Llama-3.3-70B"][5:8] == ["70.0", "GB", "yes"]  # fp8 (the file's): a byte a weight
+    assert rows_["maj-gen-arith-Meta-Llama-3-8B"][5:8] == ["16.0", "GB", "yes"]
+    models = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    big, small = models["meta-llama/Llama-3.3-70B-Instruct"], models["meta-llama/Meta-Llama-3-8B-Instruct"]
+    assert "weights 70.0 GB (70.0B parameters from its name, fp8)" in big
+    assert "plan on 1 x 139.8 GiB: TP 1 fp8, 184k KV tokens left (16 x 612 needed), as set" in big
+    assert "plan on 1 x 139.8 GiB: TP 1 bf16" in small and "as set" not in small
+    assert "plan unknown (not on this machine nor in the planner's table)" in models["org/unknown-model"]
+    assert "plan: `byzantium plan`'s for each model alone on --gpus 1 such GPU" in out
+    # Two GPUs: the planner prefers bf16 over two; the file's fp8 on one still fits, and is said.
+    out, rows_ = dry_run_lines(capsys, path, tmp_path, "--device-memory", "150.1", "--gpus", "2")
+    assert "plan on 2 x 139.8 GiB: TP 2 bf16, 381k KV tokens left (16 x 612 needed); as set, TP 1 fp8: 184k KV " \
+           "tokens" in out
+    # The sweep's own flags win over the file's: TP 2 over one GPU cannot run, and the cell does not fit.
+    out, rows_ = dry_run_lines(capsys, path, tmp_path, "--device-memory", "150.1", "--tensor-parallel-size", "2")
+    assert "as set, TP 2 fp8: needs 2 GPUs (--gpus 1)" in out
+    assert rows_["maj-gen-arith-Llama-3.3-70B"][5:8] == ["35.0", "GB", "NO"]
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--dry-run", "--gpus", "0"]) == 2
+    assert "--gpus must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_models_engine_settings_reach_its_cells_runs(tmp_path, smollm2_dir):
+    from byzantium.sweep.cells import engine_flags
+    from byzantium.sweep.running import run_sweep
+    path = sweep_file(tmp_path, BASE.replace("limit = 2", "limit = 1\nagents = 2\nmax_len = 4") +
+                      "model = 'smollm2-135m'\n[models.'smollm2-135m']\ntensor_parallel_size = 2\n"
+                      "quantization = 'fp8'\n")
+    (cell,) = load_sweep(path).cells
+    assert cell.engine == {"tensor_parallel_size": 2, "quantization": "fp8"}
+    assert engine_flags(cell) == ["--tensor-parallel-size", "2", "--quantization", "fp8"]
+    assert engine_flags(cell, ["--tensor-parallel-size", "4"]) == ["--quantization", "fp8"]  # the sweep's wins
+    assert engine_flags(cell, ["--backend", "openai", "--base-url", "http://x"]) == []  # the server's own
+    seen = []
+
+    class Refusing:  # the run's pool: records its engine options, loads nothing
+        def __init__(self, backend, **kwargs):
+            seen.append(kwargs)
+            raise RuntimeError("no engine in this test")
+    result = run_sweep(load_sweep(path), tmp_path / "o", progress=False, factory=Refusing)
+    assert seen and seen[0]["tensor_parallel_size"] == 2 and seen[0]["quantization"] == "fp8"
+    assert "no engine in this test" in result["cells"][0]["error"]
+
+
+def test_the_shared_pool_plans_models_with_the_same_engine_settings_together():
+    from byzantium.sweep.pool import SharedPool
+    made = []
+
+    class Pool:
+        def __init__(self, backend, **kwargs):
+            self.kwargs, self.planned, self.closed = kwargs, None, False
+            made.append(self)
+
+        def plan(self, models):
+            self.planned = list(models)
+
+        def close(self):
+            self.closed = True
+    settings = {"big/70B": {"quantization": "fp8"}, "small/8B": {"quantization": "fp8"}}
+    shared = SharedPool(["big/70B", "small/8B", "other/24B"], settings, Pool)
+    shared.next = ["big/70B"]
+    shared("native", quantization="fp8")
+    shared.next = ["small/8B"]
+    shared("native", quantization="fp8")  # planned with the 70B: the same pool
+    assert len(made) == 1 and made[0].planned == ["big/70B", "small/8B"]
+    shared.next = ["other/24B"]
+    shared("native")  # other engine options: a new pool
+    assert len(made) == 2 and made[0].closed and made[1].planned == ["other/24B"] and made[1].kwargs == {}
 
 
 @pytest.mark.parametrize("name, params", [

@@ -7,13 +7,17 @@
 
 --limit N overrides every cell's limit (the file is not copied); it is recorded in sweep.json, and a
 rerun into the same DIR with another --limit (or none) is refused: its cells would count as done with
-the other number of problems. --dry-run prints what each cell needs (dry_run.py).
+the other number of problems. --dry-run prints what each cell needs (dry_run.py) and each model's plan
+on --gpus N GPUs of --device-memory GB (byzantium/plan/). A model's [models."name"] tensor_parallel_size
+and quantization reach its cells' runs as --tensor-parallel-size / --quantization (--backend native);
+the same flags given to the sweep win over the file's (another machine).
 """
 import argparse
 
 from ..backends import add_backend_args, pool_kwargs
 from ..commands import Command
 from .cell_checks import parse_cell
+from .cells import engine_flags
 from .config import ConfigError, load_sweep
 from .dry_run import DEVICE_MEMORY_GB, check_dtype, describe, device_memory
 from .running import run_sweep
@@ -33,8 +37,12 @@ def add_sweep_args(ap):
                     help="N problems a cell, whatever the file says (recorded in DIR/sweep.json: a rerun into "
                          "the same DIR must give the same --limit)")
     ap.add_argument("--device-memory", type=float, default=None, metavar="GB",
-                    help=f"the device memory the dry run fits the weights into (default: this machine's GPU "
-                         f"by torch.cuda, else {DEVICE_MEMORY_GB:g}, one H200)")
+                    help=f"the memory of one GPU (GB, 1e9 bytes) the dry run fits the weights into and plans each "
+                         f"model for (default: this machine's GPU by torch.cuda, else {DEVICE_MEMORY_GB:g}, one H200 "
+                         f"as CUDA reports it)")
+    ap.add_argument("--gpus", type=int, default=1, metavar="N",
+                    help="the GPUs the dry run plans each model for (`byzantium plan`: tensor-parallel size and "
+                         "quantization; default 1)")
     ap.add_argument("--data-root", default=None, metavar="DIR",
                     help="the directory of the data files the experiment names (default: the file's data_root)")
     add_backend_args(ap)
@@ -73,10 +81,12 @@ def cmd_sweep(args):
     dtype = check_dtype(args.dtype, args.device)
     pool_kwargs(args)  # the backend flags' own checks (--backend openai needs --base-url, ...)
     flags = run_flags(args)
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
     for cell in sweep.cells:  # each cell with them, before anything loads
-        parse_cell(cell, sweep.path.name, flags)
+        parse_cell(cell, sweep.path.name, engine_flags(cell, flags) + flags)
     if args.dry_run:
-        print(describe(sweep, args.backend, dtype, device_memory(args.device_memory)))
+        print(describe(sweep, args.backend, dtype, device_memory(args.device_memory), args.gpus, flags))
         return
     result = run_sweep(sweep, args.out, flags, backend=args.backend, progress=not args.no_progress,
                        limit=args.limit)

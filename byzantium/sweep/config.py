@@ -18,8 +18,10 @@ ordinary `byzantium run <method>` into its own directory. Read and checked here,
                                       # (a task table's max_len / max_tokens: that data set's limit)
     [[cells]]                         # optional: explicit cells (e.g. the conditions of a table), each
                                       # run at every point of the axes
-    [models."Qwen/Qwen3-4B"]          # per model: chat_template_kwargs, max_model_len (a server's limit)
-    chat_template_kwargs = {enable_thinking = false}
+    [models."Qwen/Qwen3-4B"]          # per model: chat_template_kwargs, max_model_len (a server's limit),
+    chat_template_kwargs = {enable_thinking = false}   # tensor_parallel_size, quantization ("fp8"): the
+                                      # `run` flags of its cells (`byzantium plan` says which; the
+                                      # models of one cell must agree; the sweep's own flags win)
     [scale.smoke.run] / [scale.smoke.axes] / [[scale.smoke.cells]]   (and scale.paper): these replace
                                       # the same keys of [run] / [axes] / the [[cells]] list
     [[published]]                     # the paper's numbers, as data (see sweep.json in running.py): one
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cell_checks import parse_cell
-from .cells import KEYS, METHODS, RES, RR, SAC, ConfigError, make_cell
+from .cells import ENGINE_KEYS, KEYS, METHODS, RES, RR, SAC, ConfigError, cell_engine, engine_flags, make_cell
 from .needs import PROMPT_BUDGET
 
 try:
@@ -48,6 +50,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
+QUANTIZATIONS = ("fp8",)  # EngineConfig's (engine/config.py imports torch: not imported here)
 PAPERS = {"sac": SAC, "consensus-trap": RR, "mas": RES}
 SCALES = ("smoke", "paper")
 TOP_KEYS = {"name", "paper", "table", "method", "data_root", "prompt_budget", "analysis", "run", "axes", "cells",
@@ -64,7 +67,7 @@ class Sweep:
     analysis: dict
     cells: list
     published: list
-    models: dict  # model name -> {chat_template_kwargs, max_model_len}
+    models: dict  # model name -> {chat_template_kwargs, max_model_len, tensor_parallel_size, quantization}
     prompt_budget: int
 
 
@@ -162,7 +165,8 @@ def load_sweep(path, scale="smoke", data_root=None, check_files=True) -> Sweep:
                 raise ConfigError(f"{where}: two cells are both named {cell.name!r}; give them different settings")
             continue  # the same run twice (e.g. MAJ over a K axis it does not have): once
         seen[cell.name] = dict(cell.params)
-        parse_cell(cell, where)
+        cell.engine = cell_engine(cell, models, where)
+        parse_cell(cell, where, engine_flags(cell))
         built.append(cell)
     if not built:
         fail("[axes]", "no cell applies to the methods")
@@ -199,10 +203,15 @@ def _model_settings(models, fail):
         for key, value in s.items():
             if key == "chat_template_kwargs" and not isinstance(value, dict):
                 fail(f'[models."{name}"].{key}', "a table, e.g. {enable_thinking = false}")
-            elif key == "max_model_len" and (not isinstance(value, int) or value < 1):
+            elif key in ("max_model_len", "tensor_parallel_size") and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 fail(f'[models."{name}"].{key}', f"a positive integer, got {value!r}")
-            elif key not in ("chat_template_kwargs", "max_model_len"):
-                fail(f'[models."{name}"].{key}', "unknown key; known: chat_template_kwargs, max_model_len")
+            elif key == "quantization" and value not in QUANTIZATIONS:
+                fail(f'[models."{name}"].{key}', f"{value!r}; known: {', '.join(QUANTIZATIONS)} (leave it out for "
+                                                 "the checkpoint's own weights)")
+            elif key not in ("chat_template_kwargs", "max_model_len") + tuple(ENGINE_KEYS):
+                fail(f'[models."{name}"].{key}', "unknown key; known: chat_template_kwargs, max_model_len, "
+                                                 "tensor_parallel_size, quantization")
     return models
 
 
