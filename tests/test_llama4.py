@@ -10,7 +10,6 @@ default CPU path, without the compiled kernels and on the torch reference; a Lla
 checkpoint (vision parts skipped); top-2 routing with attention biases, llama3 rope scaling and no qk norm.
 The chunk mask itself is checked in the attention ops against a naive float64 computation.
 """
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -182,14 +181,24 @@ def test_unsupported_settings_fail_clearly(models):
 
 
 def test_backends_without_chunked_attention_fail_clearly(models):
-    # Triton and flash-attn have no chunk mask (yet): a chunked layer says so rather than attend globally.
+    # flash-attn has no chunk mask: a chunked layer says so rather than attend globally.
     meta = SimpleNamespace(ops=SimpleNamespace(__name__="byzantium.kernels.flash"), num_decode=1)
     q = torch.zeros(1, 4, 16)
     with pytest.raises(ValueError, match="'flash_attn' has no chunked attention.*attention_chunk_size=8"):
         PagedAttention(0.25, chunk=8)(q, q, q, meta, None, None)
-    if importlib.util.find_spec("triton") is not None:
-        with pytest.raises(ValueError, match="'triton' has no chunked attention.*attention_backend='torch'"):
-            engine(models["text"][1], attention_backend="triton").generate([[1, 2, 3]], SamplingParams(max_tokens=1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("variant", ["text", "top2"])
+def test_on_cuda_matches_transformers(models, variant):
+    """On a GPU, at fp32, on the default backend (the Triton kernels, with their chunk mask), with decode
+    CUDA graphs: the tokens transformers gives on the CPU."""
+    hf, path, prompts, tokens, logits = models[variant]
+    e = Engine(path, device="cuda", dtype="float32", num_blocks=64)
+    assert e.describe()["attention_backend"] == "triton"
+    outs = e.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == tokens
+    torch.testing.assert_close(e.logits(prompts).cpu(), logits, **TOL)
 
 
 @pytest.mark.parametrize("variant", ["text", "top2"])

@@ -1,4 +1,5 @@
-"""Sliding-window attention (`window=W`: the query at position p sees keys (p - W, p]) in every backend.
+"""Sliding-window attention (`window=W`: the query at position p sees keys (p - W, p]) in every backend,
+and the Triton kernels' chunked attention (`chunk=C`: keys [p // C * C, p]).
 
 - The torch reference against a naive dense float64 computation with an explicit window mask.
 - The CPU backend (compiled kernel while the window changes nothing, the reference past it) against the
@@ -131,6 +132,23 @@ class TestTritonWindow:
         ref = reference.paged_decode_attention(*args, 0.125, window=window)
         for num_splits in (1, 3):  # 3: the window's keys split, trailing splits empty for short windows
             assert_matches(ops.paged_decode_attention(*args, 0.125, window=window, num_splits=num_splits), ref,
+                           torch.float32)
+
+
+    @pytest.mark.parametrize("chunk", [8, 20])
+    @pytest.mark.parametrize("group", [1, 4])
+    def test_chunked_append_prefill_and_decode(self, ops, group, chunk):
+        """Llama 4's chunked layers: the query at p sees [p // C * C, p] (the reference is checked against
+        a naive computation in tests/test_llama4.py)."""
+        data = make_batch(BATCH, 2 * group, 2, 64, 16, torch.float32, TRITON_DEVICE, seed=group + chunk)
+        ref = reference.append_prefill_attention(**data, scale=0.125, chunk=chunk)
+        for block_m in (16, 64):
+            out = ops.append_prefill_attention(**data, scale=0.125, chunk=chunk, block_m=block_m)
+            assert_matches(out, ref, torch.float32)
+        args = decode_args(make_batch(DECODE, 2 * group, 2, 64, 16, torch.float32, TRITON_DEVICE, seed=chunk))
+        ref = reference.paged_decode_attention(*args, 0.125, chunk=chunk)
+        for num_splits in (1, 3):
+            assert_matches(ops.paged_decode_attention(*args, 0.125, chunk=chunk, num_splits=num_splits), ref,
                            torch.float32)
 
 

@@ -54,13 +54,13 @@ class FixedSplits:
             raise AttributeError(name)
         return getattr(self.ops, name)
 
-    def paged_decode_attention(self, q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
+    def paged_decode_attention(self, q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, **chunk):
         if self.choose is None:
-            return self.ops.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window)
-        context = min(self.max_model_len, window or self.max_model_len)
+            return self.ops.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window, **chunk)
+        context = min(self.max_model_len, window or self.max_model_len, chunk.get("chunk") or self.max_model_len)
         splits = self.choose(q.shape[0], k_cache.shape[2], context, q.device)
         return self.ops.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window,
-                                               num_splits=splits)
+                                               num_splits=splits, **chunk)
 
 
 class CaptureFailed(RuntimeError):

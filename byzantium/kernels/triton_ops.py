@@ -19,6 +19,8 @@ needs a host sync and decode can be captured in CUDA graphs.
 Sliding window (`window=W`; None: global attention): the query at position p sees keys (p - W, p]. Decode
 splits only the window's keys; append prefill starts each tile at the first key its first query sees and
 masks per row. The cache keeps every token; keys before the window are simply not read.
+Chunked attention (`chunk=C`, Llama 4's local layers): the query at position p sees keys [p // C * C, p],
+bounded and masked the same way.
 
 An FP8 cache (kv_cache_dtype="fp8") is written as reference.cast_for_cache casts (scale 1, clamped; in
 torch, so both backends store the same bytes) and its K/V tiles are converted to the query's dtype as they
@@ -83,11 +85,11 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
 # ------------------------------------------------------------------------------------ decode (split-K)
 
 @triton.jit
-def _split_range(seq_len, window, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_range(seq_len, window, chunk, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Token range [start, end) of one split of the keys the query sees, [seq_len - window, seq_len)
-    clipped at 0. Splits are whole BLOCK_N tiles, so trailing ones may be empty; both decode kernels call
-    this, so they agree on which splits wrote a result."""
-    first = tl.maximum(seq_len - window, 0)
+    and from the start of its chunk, clipped at 0. Splits are whole BLOCK_N tiles, so trailing ones may
+    be empty; both decode kernels call this, so they agree on which splits wrote a result."""
+    first = tl.maximum(tl.maximum(seq_len - window, tl.maximum(seq_len - 1, 0) // chunk * chunk), 0)
     split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
@@ -97,7 +99,7 @@ def _split_range(seq_len, window, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.c
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, seq_lens_ptr, block_tables_ptr,
-    out_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, window,
+    out_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, window, chunk,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     stride_mid_b, stride_mid_h, stride_mid_s, stride_lse_b, stride_lse_h,
@@ -117,7 +119,7 @@ def _decode_split_kernel(
     out_offs = seq * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    start, end = _split_range(seq_len, window, split, NUM_SPLITS, BLOCK_N)
+    start, end = _split_range(seq_len, window, chunk, split, NUM_SPLITS, BLOCK_N)
     if start >= end:
         if NUM_SPLITS == 1:  # an empty sequence (a padding row): zeros, as the merge kernel gives
             tl.store(out_ptr + out_offs, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=mask_o)
@@ -162,7 +164,7 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, seq_lens_ptr, window,
+    mid_o_ptr, mid_lse_ptr, out_ptr, seq_lens_ptr, window, chunk,
     stride_mid_b, stride_mid_h, stride_mid_s, stride_lse_b, stride_lse_h, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
@@ -178,7 +180,7 @@ def _decode_merge_kernel(
     weight_sum = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for split in range(NUM_SPLITS):
-        start, end = _split_range(seq_len, window, split, NUM_SPLITS, BLOCK_N)
+        start, end = _split_range(seq_len, window, chunk, split, NUM_SPLITS, BLOCK_N)
         if start < end:  # empty splits wrote nothing
             o = tl.load(mid_o_ptr + split * stride_mid_s + offs_d, mask=mask_d, other=0.0)
             lse = tl.load(mid_lse_ptr + split)
@@ -195,9 +197,10 @@ def _decode_merge_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, *, num_splits=None):
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, chunk=None, *,
+                           num_splits=None):
     """One query token per sequence: q `[B, Hq, D]` over each sequence's first seq_lens[b] tokens (its
-    last `window` of them when a window is given).
+    last `window` of them when a window is given, those of its last chunk of `chunk` tokens when chunked).
 
     `num_splits` (how many programs share one sequence's context) defaults to a choice from the
     shapes alone; pass it to force one (tests do). Rows with seq_lens 0 (padding rows) come out as zeros.
@@ -215,7 +218,8 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
     block_n = 64 if q.dtype != torch.float32 or head_dim <= 64 else 16
     if num_splits is None:
         context = block_tables.shape[1] * block_size
-        num_splits = _decode_num_splits(batch, num_kv_heads, min(context, window or context), q.device)
+        num_splits = _decode_num_splits(batch, num_kv_heads, min(context, window or context, chunk or context),
+                                        q.device)
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
         # Per split: partial output [B, Hq, S, D] (already divided by its own softmax sum) and its
@@ -228,7 +232,7 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
                    num_heads * num_splits, num_splits)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, seq_lens, block_tables,
-        out, mid_o, mid_lse, scale * _LOG2E, _window_arg(window),
+        out, mid_o, mid_lse, scale * _LOG2E, _window_arg(window), _window_arg(chunk),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *mid_strides,
@@ -238,7 +242,7 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
-            mid_o, mid_lse, out, seq_lens, _window_arg(window), *mid_strides, out.stride(0), out.stride(1),
+            mid_o, mid_lse, out, seq_lens, _window_arg(window), _window_arg(chunk), *mid_strides, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         )
     return out
@@ -279,7 +283,7 @@ def _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _append_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr,
-    qk_scale, num_seqs, window,
+    qk_scale, num_seqs, window, chunk,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -314,9 +318,10 @@ def _append_prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     # Causal: no row of this tile sees past the tile's last token, so stop there; nor before the window
-    # of its first token.
+    # or the chunk of its first token.
     kv_end = tl.minimum(seq_len, prefix_len + (local_block + 1) * BLOCK_Q)
-    kv_start = tl.maximum(prefix_len + local_block * BLOCK_Q - window + 1, 0)
+    first_pos = prefix_len + local_block * BLOCK_Q
+    kv_start = tl.maximum(tl.maximum(first_pos - window + 1, first_pos // chunk * chunk), 0)
     for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
@@ -325,9 +330,10 @@ def _append_prefill_kernel(
         k = tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [D, N]; an FP8 cache upcast
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
+        visible = ((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
+                   & (offs_n[None, :] >= q_pos[:, None] // chunk * chunk))
         qk = tl.where(mask_n[None, :] & visible, qk, float("-inf"))
-        # With a window shorter than the tile, a row may see no key of a tile (its m_new stays -inf):
+        # With a window (or a chunk start) inside the tile, a row may see no key of a tile (its m_new stays -inf):
         # subtract 0 then, so its p and alpha are 0 rather than NaN. Every row sees its own key later.
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -345,7 +351,7 @@ def _append_prefill_kernel(
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
-                             max_lens=None, *, block_m=None):
+                             max_lens=None, chunk=None, *, block_m=None):
     """Causal attention of new tokens over their sequence's cached prefix plus themselves.
 
     q `[T, Hq, D]` packs the new tokens of all sequences (`cu_seqlens_q`, length B+1); `seq_lens[b]`
@@ -376,7 +382,7 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)  # upper bound; see _find_seq
     _append_prefill_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
-        scale * _LOG2E, num_seqs, _window_arg(window),
+        scale * _LOG2E, num_seqs, _window_arg(window), _window_arg(chunk),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
@@ -404,11 +410,13 @@ def _prefill_block_n(dtype, head_dim):
 
 
 def _window_arg(window):
-    # None (global) as a window longer than any sequence: one compiled kernel serves both kinds of layer.
+    # None (global) as a window (or chunk) longer than any sequence: one compiled kernel serves every kind
+    # of layer.
     return _NO_WINDOW if window is None else int(window)
 
 
 _NO_WINDOW = 1 << 30
+CHUNKED_ATTENTION = True  # takes `chunk` (layers/attention.py asks before passing it)
 
 
 def _dot_precision(dtype):

@@ -5,7 +5,7 @@ The rows of a step come decode rows first (runner.py), `meta.num_decode` of them
 attention backend the runner chose (kernels.attention_ops). `window` W makes a sliding-window layer: the
 query at position p sees keys (p - W, p]; None attends to the whole context. `chunk` C makes a chunked
 layer (Llama 4's local layers): the query at position p sees keys [p // C * C, p]; only the backends that
-say CHUNKED_ATTENTION (torch, cpu) take it, the others fail with a clear error."""
+say CHUNKED_ATTENTION (torch, cpu, triton) take it, the others fail with a clear error."""
 import torch
 from torch import nn
 
