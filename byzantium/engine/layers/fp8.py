@@ -19,23 +19,37 @@ TILE_ELEMENTS = 1 << 24  # weights dequantized at once on the fallback path (and
 MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale
 
 
-def quantize_rows(tensor):
-    """(e4m3 tensor, fp32 row scales [rows]) of a 2-D tensor, each row scaled so its absmax maps to 448.
-    Works a tile of rows at a time: a 70B layer is never copied whole to fp32."""
+def quantize_rows(tensor, scales=None):
+    """(e4m3 tensor, fp32 row scales [rows]) of a 2-D tensor, each row scaled so its absmax maps to 448, or
+    by the given `scales` (those of whole rows, for a tensor-parallel rank's slice of their columns: see
+    row_scales). Works a tile of rows at a time: a 70B layer is never copied whole to fp32."""
     rows, cols = tensor.shape
     out = torch.empty(rows, cols, dtype=FP8, device=tensor.device)
-    scales = torch.empty(rows, dtype=torch.float32, device=tensor.device)
+    given = scales is not None
+    scales = (scales.to(tensor.device, torch.float32).reshape(rows) if given
+              else torch.empty(rows, dtype=torch.float32, device=tensor.device))
     step = max(1, TILE_ELEMENTS // max(cols, 1))
     for start in range(0, rows, step):
-        out[start:start + step], scale = _quantize(tensor[start:start + step])
+        out[start:start + step], scale = _quantize(tensor[start:start + step],
+                                                   scales[start:start + step, None] if given else None)
         scales[start:start + step] = scale.view(-1)
     return out, scales
 
 
-def _quantize(rows):
-    """(e4m3 rows, fp32 scales [n, 1]): one scale per row, absmax / 448."""
+def row_scales(tensor):
+    """The fp32 row scales quantize_rows gives a 2-D tensor (absmax / 448), without quantizing it."""
+    step = max(1, TILE_ELEMENTS // max(tensor.shape[1], 1))
+    return torch.cat([_scale(tensor[start:start + step].float()).view(-1) for start in range(0, tensor.shape[0], step)])
+
+
+def _scale(rows):
+    return (rows.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+
+
+def _quantize(rows, scale=None):
+    """(e4m3 rows, fp32 scales [n, 1]): one scale per row, absmax / 448 unless given."""
     rows = rows.float()
-    scale = (rows.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = _scale(rows) if scale is None else scale
     return (rows / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
