@@ -9,7 +9,8 @@
 #
 # Parts (bench/gpu_parts.py), each under its own hard stop: 1 Triton kernels vs the reference; 2 engine
 # parity and decode throughput vs transformers; 3 batch invariance and per-engine memory; 4 CUDA graphs,
-# device sampling and speculation tests; 5 the CUDA step bench; 6 parity of the newer architectures.
+# device sampling and speculation tests; 5 the CUDA step bench; 6 parity of the newer architectures;
+# 7 tensor parallelism on two GPUs (skipped, and said, on one), FP8 and Llama 4 on CUDA; 8 the FP8 linear.
 # Each writes $OUT/gpu_part<N>.{log,json} and a verdict line in $OUT/gpu_verdicts.txt as it ends
 # ($OUT defaults to bench/results).
 set -uo pipefail

@@ -21,6 +21,7 @@ import time
 PY = sys.executable
 PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 COLLECT = ["--collect-only", "-q"]  # the CPU variant of a test part: the files and selections exist
+GPU_ISSUE_33 = ["tests/test_tensor_parallel.py", "tests/test_fp8.py", "tests/test_llama4.py"]
 
 # (number, name, hard stop in seconds, command on the GPU, command for --smoke on the CPU)
 PARTS = [
@@ -42,6 +43,12 @@ PARTS = [
     (6, "parity of the newer architectures on CUDA (Qwen3-MoE, Gemma 3, Mistral 3)", 240,
      PYTEST + ["tests/test_moe.py", "tests/test_gemma3.py", "tests/test_mistral3.py"],
      PYTEST + COLLECT + ["tests/test_moe.py", "tests/test_gemma3.py", "tests/test_mistral3.py"]),
+    (7, "tensor parallelism on NCCL (needs two GPUs: says so and skips on one), FP8 linears and Llama 4 on CUDA",
+     240, PYTEST + ["-rs"] + GPU_ISSUE_33 + ["-k", "cuda or gpus"],
+     PYTEST + COLLECT + GPU_ISSUE_33 + ["-k", "cuda or gpus"]),
+    (8, "FP8 linear (torch._scaled_mm) vs bf16 F.linear at 70B shapes: error and time", 120,
+     [PY, "bench/fp8_check.py"],
+     [PY, "bench/fp8_check.py", "--device", "cpu", "--shapes", "256x512", "--batches", "1,4"]),
 ]
 KILL_AFTER_S = 10  # a part that ignores the interrupt is killed this long after its stop
 
