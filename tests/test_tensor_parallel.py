@@ -137,6 +137,22 @@ def test_a_killed_rank_fails_the_engine_quickly(checkpoints, tmp_path_factory):
         engine.close()
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_fp8_quantized_at_load_two_ranks_equal_one(kind, checkpoints, tmp_path_factory):
+    """Each rank quantizes its slice of a row-parallel weight with the whole rows' scales: the FP8 model
+    split in two is the FP8 model."""
+    path = checkpoint(checkpoints, tmp_path_factory, kind)
+    whole = Engine(path, quantization="fp8", **COMMON)
+    assert whole.describe()["quantization"] == "load"
+    want = [o.token_ids for o in whole.generate(PROMPTS, SamplingParams(max_tokens=10))]
+    engine = Engine(path, tensor_parallel_size=2, quantization="fp8", **COMMON)
+    try:
+        assert [o.token_ids for o in engine.generate(PROMPTS, SamplingParams(max_tokens=10))] == want
+        torch.testing.assert_close(engine.logits(PROMPTS), whole.logits(PROMPTS), rtol=1e-5, atol=1e-5)
+    finally:
+        engine.close()
+
+
 def test_two_tensor_parallel_engines_share_a_process(checkpoints, tmp_path_factory):
     """Each engine has its own process groups (not torch.distributed's global one): two at once, as a
     heterogeneous ensemble holds them, each answering as its whole model does."""

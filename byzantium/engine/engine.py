@@ -62,6 +62,7 @@ class Engine(SyncAPI):
             self.peers = Peers(group, self.device, partial(build_rank, self.model_dir, c, self.dtype))
         self.model, self.linear_kernels, self.linear_timings = setup.model, setup.linear_kernels, setup.linear_timings
         self.cpu_layer_ops = setup.cpu_layer_ops
+        self.quantization = setup.quantization  # quantization.Fp8Spec, or None
         self.config = self.model.config  # the text model's: a multimodal checkpoint's text_config (Gemma 3)
         context = self.model.max_positions
         window = getattr(self.config, "sliding_window", None)
@@ -133,6 +134,8 @@ class Engine(SyncAPI):
         model_cls = type(self.model)
         return {"model": str(self.model_dir), "architecture": self.model.arch,
                 "tensor_parallel_size": self.engine_config.tensor_parallel_size,
+                "quantization": None if self.quantization is None else self.quantization.method,
+                "kv_cache_dtype": str(self.kv_cache_dtype).removeprefix("torch."),
                 "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
                 "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,
                 "cpu_layer_ops": self.cpu_layer_ops,

@@ -7,7 +7,7 @@ from .sampling import SamplingParams
 
 def block_bytes(engine):
     return (2 * engine.config.num_hidden_layers * engine.block_size * engine.model.num_kv_heads
-            * engine.model.head_dim * engine.dtype.itemsize)
+            * engine.model.head_dim * engine.kv_cache_dtype.itemsize)
 
 
 def enough_blocks(engine):

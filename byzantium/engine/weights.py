@@ -35,6 +35,10 @@ def copy_weight(dest, tensor, cut=None, scale=None, name="?"):
     """Copy checkpoint `tensor` (whole, as the checkpoint has it) into `dest`, a parameter or a view of
     one. An FP8 `dest` given a tensor of another dtype gets it quantized per row, the row scales written
     to `scale` (the matching view of the layer's weight_scale)."""
+    whole_rows = None
+    if dest.dtype in FP8 and tensor.dtype not in FP8 and cut == parallel.ROW:
+        from .layers.fp8 import row_scales
+        whole_rows = row_scales(tensor)  # every rank scales a row alike: the split equals the whole model
     tensor = rank_slice(tensor, cut, dest.shape)
     if tensor.numel() == 1 and dest.numel() > 1:  # one scale for many rows
         tensor = tensor.reshape(()).expand(dest.shape)
@@ -46,8 +50,8 @@ def copy_weight(dest, tensor, cut=None, scale=None, name="?"):
     with torch.no_grad():
         if dest.dtype in FP8 and tensor.dtype not in FP8:
             from .layers.fp8 import quantize_rows
-            weight, row_scales = quantize_rows(tensor.to(dest.device))
+            weight, scales = quantize_rows(tensor.to(dest.device), whole_rows)
             dest.copy_(weight)
-            scale.copy_(row_scales.view(scale.shape))
+            scale.copy_(scales.view(scale.shape))
         else:
             dest.copy_(tensor)
