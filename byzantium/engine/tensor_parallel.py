@@ -90,6 +90,7 @@ class Peers:
         a module function). Returns once every rank has joined (the workers then load their slices)."""
         size = group.size
         self.closing, self.failure = False, None
+        self.threads = torch.get_num_threads()  # this process's, given back on close
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads(size))
         self.store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
@@ -170,6 +171,7 @@ class Peers:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
+        torch.set_num_threads(self.threads)
 
 
 def _ending(process):
