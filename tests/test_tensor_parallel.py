@@ -169,6 +169,28 @@ def test_two_tensor_parallel_engines_share_a_process(checkpoints, tmp_path_facto
     assert not torch.distributed.is_initialized()
 
 
+def test_a_rank_that_cannot_load_fails_the_engine_start(checkpoints, tmp_path_factory, tmp_path, monkeypatch):
+    """Rank 0 loads, then its weights vanish before the other rank reads them: the engine's start ends
+    with an error naming that rank (its traceback on stderr), not a wait for the collectives' timeout."""
+    import shutil
+
+    from byzantium.engine import tensor_parallel
+    path = tmp_path / "model"
+    shutil.copytree(checkpoint(checkpoints, tmp_path_factory, "llama"), path)
+    start = tensor_parallel.Peers.__init__
+
+    def weights_gone(self, *args):
+        for file in path.glob("*.safetensors"):
+            file.unlink()
+        start(self, *args)
+
+    monkeypatch.setattr(tensor_parallel.Peers, "__init__", weights_gone)
+    began = time.monotonic()
+    with pytest.raises(EngineFailed, match="rank 1.*exit code 1"):
+        Engine(path, tensor_parallel_size=2, **COMMON)
+    assert time.monotonic() - began < 60
+
+
 def test_sizes_that_do_not_split_fail_before_any_rank_starts(checkpoints, tmp_path_factory):
     path = checkpoint(checkpoints, tmp_path_factory, "llama")  # 4 attention heads
     with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the attention heads"):

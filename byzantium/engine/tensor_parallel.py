@@ -103,8 +103,34 @@ class Peers:
             process.start()
             self.workers[rank] = process
         self.group, self.nccl = group, device.type == "cuda"
-        self.plans = _connect(self.store, 0, size, rank_device(device, 0), group)
+        self.plans = self._join_watching(lambda: _connect(self.store, 0, size, rank_device(device, 0), group))
         threading.Thread(target=self._watch, name="byzantium-tp-watchdog", daemon=True).start()
+
+    def _join_watching(self, connect):
+        """connect() (which waits for every rank to join), failing at once when a rank ends before joining
+        (it could not start: its traceback is on stderr) rather than after the collectives' timeout."""
+        outcome = {}
+
+        def run():
+            try:
+                outcome["plans"] = connect()
+            except Exception as error:  # noqa: BLE001 - raised below, on the engine's thread
+                outcome["error"] = error
+
+        joining = threading.Thread(target=run, name="byzantium-tp-join", daemon=True)
+        joining.start()
+        while joining.is_alive():
+            joining.join(timeout=0.1)
+            ended = [rank for rank, p in self.workers.items() if p.exitcode is not None]
+            if ended and joining.is_alive():
+                for process in self.workers.values():
+                    process.kill()
+                rank = ended[0]
+                raise EngineFailed(f"tensor-parallel rank {rank} ended before joining ({_ending(self.workers[rank])}); "
+                                   f"its error is above")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["plans"]
 
     def tell(self, kind, payload=None):
         """Send every other rank one instruction: ("run", StepPlan), ("copy_block", (src, dst)),
