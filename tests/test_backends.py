@@ -239,3 +239,132 @@ def test_smollm2_sessions_match_fresh_generation(smol):
     assert smol["native"].same_tokenizer(smol["hf"])
     # Text handoff: the other agent's text was tokenized as plain text, special tokens not parsed.
     assert smol["hf"].encode_plain("<|im_end|>") != [smol["hf"].tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+# -- per-model engine options and the memory plan ----------------------------------------------------------
+SPLIT = dict(device="cpu", dtype="float32", num_blocks=64, cpu_packed_linears=False)  # as test_tensor_parallel
+
+
+def test_model_options_give_each_engine_its_own(tiny_models):
+    """One pool: the tiny Llama split over two ranks (gloo), the tiny Qwen3 whole; each gives the tokens
+    its model gives in an engine of its own. An option keyed by another name of the same directory counts."""
+    llama, qwen3 = str(tiny_models["llama"][1]), str(tiny_models["qwen3"][1])
+    prompts = random_prompts([6, 19], seed=46)
+    params = SamplingParams(max_tokens=8)
+
+    async def tokens(llm):
+        return [(await llm.generate(p, params)).token_ids for p in prompts]
+
+    want = {}
+    for path in (llama, qwen3):
+        alone = load_llm(path, **SPLIT)
+        want[path] = run(tokens(alone))
+        alone.close()
+    with LLMPool("native", model_options={llama + "/": {"tensor_parallel_size": 2}}, **SPLIT) as pool:
+        assert pool.options(llama)["tensor_parallel_size"] == 2 and "tensor_parallel_size" not in pool.options(qwen3)
+        split, whole = pool.get(llama), pool.get(qwen3)
+        assert split.describe()["tensor_parallel_size"] == 2 and whole.describe()["tensor_parallel_size"] == 1
+        assert run(tokens(split)) == want[llama] and run(tokens(whole)) == want[qwen3]
+
+
+def test_bad_model_options_fail_before_anything_loads(tiny_llama, monkeypatch):
+    import byzantium.backends as backends
+    monkeypatch.setattr(backends, "_build", lambda *a: pytest.fail("a model was loaded"))
+    for options, said in (({"tensor_parallel": 2}, r"model_options\['m'\]: unknown engine option tensor_parallel; "
+                                                   r"known: .*tensor_parallel_size"),
+                          ({"model": "x", "quantisation": "fp8"}, "unknown engine options model, quantisation"),
+                          ({"quantization": "int4"}, r"model_options\['m'\]: unknown quantization 'int4'"),
+                          ({"tensor_parallel_size": 0}, "tensor_parallel_size must be a positive integer"),
+                          (2, "must be a dict of engine options")):
+        with pytest.raises(ValueError, match=said):
+            LLMPool("native", model_options={"m": options})
+    with pytest.raises(ValueError, match="model_options are engine options .backend native., not for backend hf"):
+        LLMPool("hf", model_options={"m": {"dtype": "float32"}})
+
+
+def test_model_options_reach_ray_placement(tiny_llama):
+    """With --ray the options go into the replica's engine kwargs (placement.add), where tensor_parallel_size
+    sizes its resources (ray_placement.py)."""
+    path = str(tiny_llama[1])
+    added = []
+
+    class Placement:
+        def add(self, model, name, kwargs):
+            added.append(kwargs)
+            return object()
+    pool = LLMPool("native", device="cpu", model_options={path: {"tensor_parallel_size": 2, "quantization": "fp8"}})
+    pool.placement = Placement()
+    pool.get(path)
+    assert added == [{"device": "cpu", "tensor_parallel_size": 2, "quantization": "fp8"}]
+
+
+def write_config(folder, **config):
+    import json
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+LLAMA70 = dict(model_type="llama", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+               head_dim=128, vocab_size=128256, intermediate_size=28672, tie_word_embeddings=False)
+SCOUT = dict(model_type="llama4", tie_word_embeddings=False, text_config=dict(
+    hidden_size=5120, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+    vocab_size=202048, intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=16,
+    num_experts_per_tok=1, interleave_moe_layer_step=1))
+
+
+def test_the_plan_sizes_each_model_per_rank(tmp_path, monkeypatch):
+    """GPU 0 of H200s (monkeypatched: no GPU here) split between a 70B and an 8B-like model, each sized as one
+    rank holds it with its own options; the same numbers as `byzantium plan`'s."""
+    import byzantium.engine.config as engine_config
+    from byzantium.plan.facts import BUILTIN
+    from byzantium.plan.fit import kv_bytes_per_token, weight_bytes
+    h200 = int(139.8 * 2**30)
+    monkeypatch.setattr(engine_config, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(LLMPool, "_device_memory", staticmethod(lambda device: h200))
+    big = write_config(tmp_path / "big", **LLAMA70)
+    small = write_config(tmp_path / "small", **dict(LLAMA70, hidden_size=4096, num_hidden_layers=32,
+                                                    num_attention_heads=32, intermediate_size=14336))
+    scout = write_config(tmp_path / "scout", **SCOUT)
+    llama70 = BUILTIN["meta-llama/llama-3.3-70b-instruct"]
+    with pytest.raises(ValueError, match="do not fit"):  # 131 GiB of bf16 weights and an 8B on one H200
+        LLMPool("native").plan([big, small])
+    # fp8 for the 70B only: its linears a byte a weight, the 8B's bf16
+    pool = LLMPool("native", model_options={big: {"quantization": "fp8"}})
+    shares = pool.plan([big, small])
+    w_big, w_small = weight_bytes(llama70, "fp8"), weight_bytes(BUILTIN["meta-llama/meta-llama-3-8b-instruct"], "bf16")
+    kv_big, kv_small = kv_bytes_per_token(llama70), 2 * 32 * 8 * 128 * 2
+    left = 0.9 * h200 - w_big - w_small
+    assert shares[pool.check(big)] == pytest.approx((w_big + left * kv_big / (kv_big + kv_small)) / h200)
+    assert shares[pool.check(small)] == pytest.approx((w_small + left * kv_small / (kv_big + kv_small)) / h200)
+    # TP 2 in bf16: rank 0 holds half the 70B's linears and vocabulary, and half its K/V heads
+    pool = LLMPool("native", model_options={big: {"tensor_parallel_size": 2}, small: {"kv_cache_dtype": "fp8"}})
+    shares = pool.plan([big, small])
+    w_big, kv_big, kv_small = weight_bytes(llama70, "bf16", 2), kv_bytes_per_token(llama70, 2), kv_small // 2
+    left = 0.9 * h200 - w_big - w_small
+    assert w_big < 66 * 2**30 and kv_big == kv_bytes_per_token(llama70) // 2
+    assert shares[pool.check(big)] == pytest.approx((w_big + left * kv_big / (kv_big + kv_small)) / h200)
+    # Scout in fp8 still does not fit one H200: its routed experts stay bf16 (engine/memory.py FP8_EXPERTS)
+    with pytest.raises(ValueError, match="do not fit"):
+        LLMPool("native", quantization="fp8").plan([scout])
+    assert LLMPool("native", tensor_parallel_size=2).plan([scout])
+    # A model whose options fix its own memory is left out of the split, its fraction off the pool's
+    pool = LLMPool("native", model_options={big: {"quantization": "fp8"}, small: {"memory_fraction": 0.2}})
+    shares = pool.plan([big, small])
+    assert list(shares) == [pool.check(big)] and shares[pool.check(big)] == pytest.approx(0.7)
+
+
+def test_the_plan_of_tiny_checkpoints_matches_their_files(tiny_models, monkeypatch):
+    """On the CPU (a memory_fraction of RAM, monkeypatched to 1 GiB): the weights from config.json equal the
+    checkpoint's parameters x 4 bytes (fp32), and a TP 2 model's rank holds its share."""
+    import byzantium.engine.memory as memory
+    llama, qwen3 = str(tiny_models["llama"][1]), str(tiny_models["qwen3"][1])
+    assert memory.model_memory(llama, 4)[0] == 4 * memory.checkpoint_params(llama) == 4 * 106_816
+    assert memory.model_memory(qwen3, 4)[0] == 4 * memory.checkpoint_params(qwen3)
+    # TP 2: per layer q/k/v 64 x 16 x (2 + 1 + 1), o 32 x 64, MLP 3 x 64 x 64; embedding and head 128 rows each
+    assert memory.model_memory(llama, 4, 2) == (4 * (2 * (4096 + 2048 + 12288) + 2 * 128 + 2 * 128 * 64 + 64),
+                                                2 * 2 * 1 * 16 * 4)
+    monkeypatch.setattr(memory, "physical_memory", lambda: 2**30)
+    pool = LLMPool("native", device="cpu", memory_fraction=0.5, model_options={llama: {"tensor_parallel_size": 2}})
+    sizes = {pool.check(llama): memory.model_memory(llama, 4, 2), pool.check(qwen3): memory.model_memory(qwen3, 4)}
+    assert pool.plan([llama, qwen3]) == memory.split_memory(sizes, 0.5, 2**30)

@@ -102,9 +102,6 @@ limit = 2
     ("[models.'a/x']\ntensor_parallel_size = 0\n", "[models.\"a/x\"].tensor_parallel_size: a positive integer, got 0"),
     ("[models.'a/x']\ntensor_parallel = 2\n", "[models.\"a/x\"].tensor_parallel: unknown key; known: "
                                              "chat_template_kwargs, max_model_len, tensor_parallel_size, quantization"),
-    ("models = ['a/x', 'a/x', 'b/y', 'b/y', 'b/y']\n[models.'a/x']\nquantization = 'fp8'\n",
-     "cell maj-gen-arith: its models have different [models] engine settings (a/x: tensor_parallel_size 1, "
-     "quantization fp8; b/y: tensor_parallel_size 1, quantization None)"),
 ])
 def test_a_broken_file_is_refused_naming_the_key(extra, problem, tmp_path, no_loading, capsys):
     path = tmp_path / "sweep.toml"
@@ -428,52 +425,74 @@ def test_dry_run_names_each_models_plan(tmp_path, no_loading, capsys):
     assert "--gpus must be >= 1, got 0" in capsys.readouterr().err
 
 
-def test_a_models_engine_settings_reach_its_cells_runs(tmp_path, smollm2_dir):
-    from byzantium.sweep.cells import engine_flags
+def test_each_models_engine_settings_reach_its_engine_only(tmp_path, smollm2_dir):
     from byzantium.sweep.running import run_sweep
-    path = sweep_file(tmp_path, BASE.replace("limit = 2", "limit = 1\nagents = 2\nmax_len = 4") +
-                      "model = 'smollm2-135m'\n[models.'smollm2-135m']\ntensor_parallel_size = 2\n"
-                      "quantization = 'fp8'\n")
+    # One cell, two models with different settings: allowed (each engine has its own options).
+    path = sweep_file(tmp_path, BASE.replace("limit = 2", "limit = 1\nagents = 3\nmax_len = 4") +
+                      "models = ['smollm2-135m', 'smollm2-135m', 'org/other']\n"
+                      "[models.'smollm2-135m']\ntensor_parallel_size = 2\nquantization = 'fp8'\n"
+                      "[models.'org/other']\nchat_template_kwargs = {x = 1}\n")
     (cell,) = load_sweep(path).cells
-    assert cell.engine == {"tensor_parallel_size": 2, "quantization": "fp8"}
-    assert engine_flags(cell) == ["--tensor-parallel-size", "2", "--quantization", "fp8"]
-    assert engine_flags(cell, ["--tensor-parallel-size", "4"]) == ["--quantization", "fp8"]  # the sweep's wins
-    assert engine_flags(cell, ["--backend", "openai", "--base-url", "http://x"]) == []  # the server's own
+    assert not {"--tensor-parallel-size", "--quantization"} & set(cell.argv)  # no longer run flags
     seen = []
 
-    class Refusing:  # the run's pool: records its engine options, loads nothing
+    class Refusing:  # the run's pool: records its options, loads nothing
         def __init__(self, backend, **kwargs):
             seen.append(kwargs)
             raise RuntimeError("no engine in this test")
-    result = run_sweep(load_sweep(path), tmp_path / "o", progress=False, factory=Refusing)
-    assert seen and seen[0]["tensor_parallel_size"] == 2 and seen[0]["quantization"] == "fp8"
+    sweep = load_sweep(path)
+    sweep.cells[0].models = ["smollm2-135m"]  # the other model is not on this machine: run the cell anyway
+    result = run_sweep(sweep, tmp_path / "o", progress=False, factory=Refusing)
+    assert seen[0]["model_options"] == {"smollm2-135m": {"tensor_parallel_size": 2, "quantization": "fp8"}}
+    assert "tensor_parallel_size" not in seen[0] and "quantization" not in seen[0]
     assert "no engine in this test" in result["cells"][0]["error"]
+    # The sweep's own flag wins for every model: the file's setting of it is left out.
+    seen.clear()
+    run_sweep(sweep, tmp_path / "o2", ["--no-progress", "--tensor-parallel-size", "4"], progress=False,
+              factory=Refusing)
+    assert seen[0]["tensor_parallel_size"] == 4 and seen[0]["model_options"] == {"smollm2-135m": {"quantization": "fp8"}}
+    seen.clear()
+    run_sweep(sweep, tmp_path / "o3", ["--no-progress", "--tensor-parallel-size", "1", "--quantization", "fp8"],
+              progress=False, factory=Refusing)
+    assert "model_options" not in seen[0]
 
 
-def test_the_shared_pool_plans_models_with_the_same_engine_settings_together():
+def test_the_shared_pool_gives_each_model_its_options_and_plans_them_together():
     from byzantium.sweep.pool import SharedPool
     made = []
 
     class Pool:
         def __init__(self, backend, **kwargs):
-            self.kwargs, self.planned, self.closed = kwargs, None, False
+            self.backend, self.kwargs, self.planned, self.closed = backend, kwargs, [], False
             made.append(self)
 
         def plan(self, models):
-            self.planned = list(models)
+            self.planned.append(list(models))
+            if len(models) > 2:
+                raise ValueError("do not fit together")
 
         def close(self):
             self.closed = True
-    settings = {"big/70B": {"quantization": "fp8"}, "small/8B": {"quantization": "fp8"}}
-    shared = SharedPool(["big/70B", "small/8B", "other/24B"], settings, Pool)
-    shared.next = ["big/70B"]
-    shared("native", quantization="fp8")
+    settings = {"big/70B": {"quantization": "fp8"}, "small/8B": {"chat_template_kwargs": {"x": 1}},
+                "huge/Scout": {"tensor_parallel_size": 2}}
+    shared = SharedPool(["big/70B", "small/8B"], settings, Pool)
+    shared.next = ["big/70B", "small/8B"]
+    shared("native", device="cuda")
     shared.next = ["small/8B"]
-    shared("native", quantization="fp8")  # planned with the 70B: the same pool
-    assert len(made) == 1 and made[0].planned == ["big/70B", "small/8B"]
-    shared.next = ["other/24B"]
-    shared("native")  # other engine options: a new pool
-    assert len(made) == 2 and made[0].closed and made[1].planned == ["other/24B"] and made[1].kwargs == {}
+    shared("native", device="cuda")  # planned with the 70B: the same pool
+    assert len(made) == 1 and made[0].planned == [["big/70B", "small/8B"]]
+    assert made[0].kwargs == {"device": "cuda", "model_options": {"big/70B": {"quantization": "fp8"},
+                                                                  "huge/Scout": {"tensor_parallel_size": 2}}}
+    shared("native", device="cuda", quantization="fp8")  # other pool kwargs: a new pool; the flag wins
+    assert len(made) == 2 and made[0].closed
+    assert made[1].kwargs["model_options"] == {"huge/Scout": {"tensor_parallel_size": 2}}
+    shared("hf")  # not the engine: no engine options
+    assert "model_options" not in made[2].kwargs
+    # Models that do not fit together: the next cell's only.
+    shared = SharedPool(["big/70B", "small/8B", "huge/Scout"], settings, Pool)
+    shared.next = ["huge/Scout"]
+    shared("native")
+    assert made[3].planned == [["big/70B", "small/8B", "huge/Scout"], ["huge/Scout"]]
 
 
 @pytest.mark.parametrize("name, params", [

@@ -98,44 +98,120 @@ def check_model(name):
         # offline or hub trouble: the loader reports it when the model is loaded
 
 
+MEMORY_OPTIONS = ("num_blocks", "kv_cache_gib", "memory_fraction")  # an engine given one plans its own memory
+
+
+def check_model_options(backend, model_options):
+    """{name: {engine option: value}} checked before anything loads: native engines' options only, each an
+    EngineConfig field (not `model`) with a value EngineConfig accepts; a ValueError naming the model."""
+    if not model_options:
+        return {}
+    if backend != "native":
+        raise ValueError(f"model_options are engine options (backend native), not for backend {backend}")
+    if not isinstance(model_options, dict):
+        raise ValueError(f"model_options must be {{model name: {{option: value}}}}, got {model_options!r}")
+    from dataclasses import fields
+
+    from ..engine.config import EngineConfig
+    known = {f.name for f in fields(EngineConfig)} - {"model"}
+    checked = {}
+    for name, options in model_options.items():
+        if not isinstance(options, dict):
+            raise ValueError(f"model_options[{name!r}] must be a dict of engine options, got {options!r}")
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"model_options[{name!r}]: unknown engine option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            EngineConfig(**options)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"model_options[{name!r}]: {error}") from None
+        checked[str(name)] = dict(options)
+    return checked
+
+
 class LLMPool:
     """Loads each distinct model once (names resolving to the same directory share it).
 
     Several native models on one GPU: `plan(models)` before loading them splits the device between them
     (`memory_fraction` of it in all, default 0.9: each model's weights, then KV for the same number of
     tokens each; or `shares`, {model: fraction of the device}); each engine then plans its KV cache in
-    its share (Engine(memory_fraction=...))."""
+    its share (Engine(memory_fraction=...)).
+
+    model_options: {model name: engine options} for that model only (tensor_parallel_size, quantization,
+    kv_cache_dtype, dtype, ...), over the pool's kwargs; a name matches the name given to get/plan, or
+    one resolving to the same directory."""
 
     def __init__(self, backend="native", memory_fraction=None, ray=None, ray_replicas=None, ray_gpus_per_replica=None,
-                 **kwargs):
+                 model_options=None, **kwargs):
         """ray: None (this process), True (a local Ray instance) or a cluster's address: each model then
         runs as `ray_replicas` engines (Ray actors, `ray_gpus_per_replica` GPUs each; see ray_engines)."""
         _check_backend(backend)
         if memory_fraction is not None and not 0 < memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+        self.model_options = check_model_options(backend, model_options)
         self.backend, self.kwargs, self.memory_fraction = backend, kwargs, memory_fraction
         self._llms = {}  # resolved model directory -> LLM
+        self._option_dirs = {}  # model_options name -> the directory it resolves to here (None: not here)
         self.shares = {}  # resolved model directory -> its engine's memory_fraction (after plan)
         self.placement, self._scope = None, None
         if ray is not None and ray is not False:
             _check_ray(backend, ray_replicas, ray_gpus_per_replica)
-            if kwargs.get("profile"):
+            if kwargs.get("profile") or any(o.get("profile") for o in self.model_options.values()):
                 raise ValueError("`byzantium profile` profiles engines in this process; run it without --ray")
             from .ray_placement import Placement
             self.placement = Placement(None if ray is True else str(ray), ray_replicas, ray_gpus_per_replica)
 
+    def options(self, model=None, model_dir=None):
+        """The engine kwargs of one model: the pool's, updated with its model_options (by the name given,
+        else by a name resolving to the same directory)."""
+        own = self.model_options.get(str(model or DEFAULT_MODEL))
+        if own is None and self.model_options:
+            model_dir = model_dir or self._key(model)
+            found = {key: options for key, options in self.model_options.items() if self._option_dir(key) == model_dir}
+            if len({repr(sorted(o.items())) for o in found.values()}) > 1:
+                raise ValueError(f"model_options names {model!r} as {', '.join(found)}, with different options")
+            own = next(iter(found.values()), None)
+        return {**self.kwargs, **(own or {})}
+
+    def _option_dir(self, name):
+        """The directory a model_options name resolves to when it is on this machine (nothing downloaded:
+        a hub id only from the local cache); None otherwise."""
+        if name not in self._option_dirs:
+            from pathlib import Path
+
+            from ..engine.loader import EMBEDDED, HUB_ID
+            found = None
+            try:
+                if name.lower() in EMBEDDED or Path(name).expanduser().exists():
+                    found = resolve_model(name)
+                elif HUB_ID.match(name):
+                    from huggingface_hub import try_to_load_from_cache
+                    config = try_to_load_from_cache(name, "config.json")
+                    found = Path(config).parent if isinstance(config, str) else None
+            except Exception:  # not a model here: it matches nothing
+                found = None
+            self._option_dirs[name] = found
+        return self._option_dirs[name]
+
     def plan(self, models, shares=None):
         """Split the device between the native models this pool will hold (before any of them loads).
         On CPU only with a memory_fraction or shares (the KV pool's pages cost nothing until written).
-        On Ray each replica has its own GPU share (ray_gpus_per_replica); the models' count sizes the pool."""
+        On Ray each replica has its own GPU share (ray_gpus_per_replica); the models' count sizes the pool.
+
+        Each model is sized as one rank of it holds (memory.model_memory: its tensor_parallel_size and
+        quantization, an FP8 checkpoint's linears as stored, K/V heads per rank max(1, kv_heads // tp),
+        kv_cache_dtype), and the pool's device is split between those ranks. With the default device every
+        tensor-parallel group's rank 0 is on GPU 0 (rank r on GPU r), so this is GPU 0's plan; ranks on
+        other GPUs plan the same share of theirs. A model whose own options fix its memory (num_blocks,
+        kv_cache_gib, memory_fraction) is left out of the split (its memory_fraction taken off the pool's)."""
         if self.placement is not None:
             self.placement.plan(models)
             return self.shares
-        if self.backend != "native" or any(k in self.kwargs for k in ("num_blocks", "kv_cache_gib", "memory_fraction")):
+        if self.backend != "native" or any(k in self.kwargs for k in MEMORY_OPTIONS):
             return self.shares
         from ..engine.config import resolve_device, resolve_dtype
-        from ..engine.memory import (DEFAULT_MEMORY_FRACTION, checkpoint_params, kv_bytes_per_token,
-                                     physical_memory, split_memory)
+        from ..engine.memory import DEFAULT_MEMORY_FRACTION, model_memory, physical_memory, split_memory
         device = resolve_device(self.kwargs.get("device"))
         if shares is not None:
             self.shares = {resolve_model(m): float(f) for m, f in shares.items()}
@@ -144,15 +220,32 @@ class LLMPool:
             return self.shares
         if device.type != "cuda" and self.memory_fraction is None:
             return self.shares
-        import torch
-        from transformers import AutoConfig
-        itemsize = resolve_dtype(self.kwargs.get("dtype"), device).itemsize
-        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else physical_memory()
-        dirs = list(dict.fromkeys(resolve_model(m) for m in models))
-        info = {d: (checkpoint_params(d) * itemsize, kv_bytes_per_token(AutoConfig.from_pretrained(d), itemsize))
-                for d in dirs}
-        self.shares = split_memory(info, self.memory_fraction or DEFAULT_MEMORY_FRACTION, total)
+        fraction = self.memory_fraction or DEFAULT_MEMORY_FRACTION
+        sizes, seen = {}, set()
+        for model in models:
+            model_dir = resolve_model(model)
+            if model_dir in seen:
+                continue
+            seen.add(model_dir)
+            options = self.options(model, model_dir)
+            if any(k in options for k in MEMORY_OPTIONS):  # it plans itself
+                fraction -= options.get("memory_fraction", 0)
+                continue
+            itemsize = resolve_dtype(options.get("dtype"), device).itemsize
+            sizes[model_dir] = model_memory(model_dir, itemsize, options.get("tensor_parallel_size", 1),
+                                            options.get("quantization"), options.get("kv_cache_dtype", "auto"))
+        if not sizes:
+            return self.shares
+        if fraction <= 0:
+            raise ValueError("the models' own memory_fraction options leave nothing of the pool's for the others")
+        total = self._device_memory(device) if device.type == "cuda" else physical_memory()
+        self.shares = split_memory(sizes, fraction, total)
         return self.shares
+
+    @staticmethod
+    def _device_memory(device):
+        import torch
+        return torch.cuda.get_device_properties(device).total_memory
 
     def check(self, model=None):
         """Fail on an unknown model name without loading anything; returns its directory (openai: the
@@ -165,14 +258,15 @@ class LLMPool:
     def get(self, model=None) -> LLM:
         model_dir = self._key(model)
         if model_dir not in self._llms:
-            kwargs = self.kwargs
-            if self.shares:
-                if model_dir not in self.shares:
-                    raise ValueError(f"model {model!r} is not in this pool's memory plan ({len(self.shares)} "
-                                     f"models); plan every model before loading")
-                kwargs = {**kwargs, "memory_fraction": self.shares[model_dir]}
-            elif self.memory_fraction is not None and self.backend == "native":
-                kwargs = {**kwargs, "memory_fraction": self.memory_fraction}
+            kwargs = self.options(model, model_dir)
+            if self.backend == "native" and not any(k in kwargs for k in MEMORY_OPTIONS):  # else: its own
+                if self.shares:
+                    if model_dir not in self.shares:
+                        raise ValueError(f"model {model!r} is not in this pool's memory plan ({len(self.shares)} "
+                                         f"models); plan every model before loading")
+                    kwargs = {**kwargs, "memory_fraction": self.shares[model_dir]}
+                elif self.memory_fraction is not None:
+                    kwargs = {**kwargs, "memory_fraction": self.memory_fraction}
             if self.placement is not None:
                 self._llms[model_dir] = self.placement.add(str(model or DEFAULT_MODEL), str(model or DEFAULT_MODEL),
                                                            kwargs)

@@ -1,44 +1,17 @@
 """A model's architecture numbers for the planner: its config.json when the model is on this machine (a
 checkpoint directory, the embedded model once converted, the Hugging Face cache; never a network call),
-else a built-in table of the papers' models (the public config.json facts of each checkpoint).
+else a built-in table of the papers' models (the public config.json facts of each checkpoint). ModelFacts
+and from_config (a config.json's numbers) are engine/memory.py's: LLMPool.plan reads checkpoints with them.
 
-Counting parameters from these numbers (count.py) lands within ~1 % of the published totals; what
+Counting parameters from these numbers (fit.params) lands within ~1 % of the published totals; what
 is left out is named there (patch embeddings, projectors, biases of vision towers).
 """
 import json
 import os
-import re
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # as engine/loader.py's (kept here: no engine import)
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the planner needs of a model. Sizes are of the text tower (the engine skips vision towers)."""
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    intermediate: int  # the dense MLP's width (layers without experts)
-    tied: bool = False  # the LM head is the embedding
-    experts: int = 0  # routed experts per MoE layer (0: dense)
-    experts_per_token: int = 0
-    expert_intermediate: int = 0
-    moe_layers: int = 0  # layers whose MLP is the experts (the others dense)
-    shared_intermediate: int = 0  # a shared expert beside the routed ones in each MoE layer (Llama 4)
-    qkv_bias: bool = False  # Qwen2.5
-    qk_norm: bool = False  # a norm of head_dim on queries and keys (Qwen3, Gemma 3)
-    norms_per_layer: int = 2  # Gemma 3 has four
-    window_layers: int = 0  # layers with a sliding window or chunked attention (their KV counted in full)
-    context: int | None = None  # max_position_embeddings
-    vision: tuple = ()  # (hidden, layers, intermediate, MLP matrices) of a vision encoder the engine skips
-    fp8_checkpoint: bool = False  # the checkpoint's weights already are FP8 (compressed-tensors / fp8)
-    source: str = "built-in table"
+from ..engine.loader import HUB_ID
+from ..engine.memory import ModelFacts, fp8_checkpoint, from_config
 
 
 def _facts(name, **numbers):
@@ -137,70 +110,4 @@ def model_facts(name):
                      f"`huggingface-cli download {name} config.json --local-dir DIR` and `byzantium plan DIR`")
 
 
-def from_config(name, config, source="config.json"):
-    """ModelFacts from a config.json's dict (a multimodal one's text_config); a ValueError naming what
-    is missing or not planned."""
-    text = config.get("text_config") or config
-    get = lambda key, default=None: text.get(key, config.get(key, default))  # noqa: E731
-    try:
-        hidden, layers, heads = int(get("hidden_size")), int(get("num_hidden_layers")), int(get("num_attention_heads"))
-        vocab = int(get("vocab_size"))
-    except (TypeError, ValueError):
-        raise ValueError(f"model {name!r}: its config.json lacks hidden_size, num_hidden_layers, "
-                         "num_attention_heads or vocab_size (not a decoder the planner knows)") from None
-    kv_heads = int(get("num_key_value_heads") or heads)
-    head_dim = int(get("head_dim") or hidden // heads)
-    experts = int(get("num_experts") or get("num_local_experts") or 0)
-    gemma = str(get("model_type", "")).startswith("gemma")  # Gemma ties its LM head unless told otherwise
-    numbers = dict(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab,
-                   intermediate=int(get("intermediate_size") or 0), tied=bool(get("tie_word_embeddings", gemma)),
-                   qkv_bias=bool(get("attention_bias", False)) or get("model_type") in ("qwen2", "qwen2_moe"),
-                   qk_norm=get("model_type") in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
-                   norms_per_layer=4 if gemma else 2,
-                   context=get("max_position_embeddings"))
-    if experts:
-        numbers.update(experts=experts, experts_per_token=int(get("num_experts_per_tok") or 1))
-        if get("moe_intermediate_size"):  # Qwen-MoE: every layer but mlp_only_layers, one in decoder_sparse_step
-            step = int(get("decoder_sparse_step") or 1)
-            only = set(get("mlp_only_layers") or [])
-            moe = [i for i in range(layers) if i not in only and (i + 1) % step == 0]
-            numbers.update(expert_intermediate=int(get("moe_intermediate_size")), moe_layers=len(moe),
-                           shared_intermediate=int(get("shared_expert_intermediate_size") or 0))
-        elif get("intermediate_size_mlp"):  # Llama 4: experts (and a shared one) of intermediate_size
-            moe = get("moe_layers")
-            step = int(get("interleave_moe_layer_step") or 1)
-            count = len(moe) if isinstance(moe, list) else len(range(step - 1, layers, step))
-            numbers.update(expert_intermediate=numbers["intermediate"], moe_layers=count,
-                           shared_intermediate=numbers["intermediate"],
-                           intermediate=int(get("intermediate_size_mlp")))
-        else:  # Mixtral: every layer's MLP is the experts, each of intermediate_size
-            numbers.update(expert_intermediate=numbers["intermediate"], moe_layers=layers)
-    windows = get("layer_types")
-    if isinstance(windows, list):
-        numbers["window_layers"] = sum(t != "full_attention" for t in windows)
-    elif get("attention_chunk_size") and isinstance(get("no_rope_layers"), list):
-        numbers["window_layers"] = sum(1 for r in get("no_rope_layers") if r)
-    vision = config.get("vision_config")
-    if isinstance(vision, dict) and vision.get("hidden_size") and vision.get("num_hidden_layers"):
-        gated = vision.get("model_type") == "pixtral" or vision.get("hidden_act") == "silu"
-        numbers["vision"] = (int(vision["hidden_size"]), int(vision["num_hidden_layers"]),
-                             int(vision.get("intermediate_size") or 4 * vision["hidden_size"]), 3 if gated else 2)
-    return replace(ModelFacts(name=name, **numbers), fp8_checkpoint=fp8_checkpoint(name, config), source=source)
-
-
-def fp8_checkpoint(name, config):
-    """Whether the checkpoint's weights are stored as FP8: a quantization_config of quant_method "fp8", or
-    compressed-tensors with 8-bit float weights. Another quantization is refused (a ValueError)."""
-    quant = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
-    if not quant:
-        return False
-    method = str(quant.get("quant_method", "")).lower()
-    if method == "fp8":
-        return True
-    if method == "compressed-tensors":
-        groups = quant.get("config_groups") or {}
-        weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
-        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in weights):
-            return True
-    raise ValueError(f"model {name!r}: its quantization_config ({method or 'unknown'}) is not FP8; the planner "
-                     "knows bf16 and fp8 weights")
+__all__ = ["BUILTIN", "HUB_ID", "ModelFacts", "builtin", "fp8_checkpoint", "from_config", "local_config", "model_facts"]

@@ -1,11 +1,16 @@
 """The planner's arithmetic: parameters, weight bytes per GPU at a tensor-parallel size and weight dtype,
-KV bytes per token, and the plan (the rules are in byzantium/plan/__init__.py).
+KV bytes per token, and the plan (the rules are in byzantium/plan/__init__.py). What one rank holds is
+engine/memory.py's (rank_params, rank_weight_bytes, kv_bytes_per_token): LLMPool.plan sizes its engines
+with the same arithmetic.
 
 Approximate: biases of vision towers, patch embeddings and projectors are left out of the parameter
 counts (they are not loaded anyway); the activation reserve is one number, not a measurement; layers
 with a sliding window or chunked attention are counted as full attention (more KV than they hold).
 """
 from dataclasses import dataclass
+
+from ..engine import memory
+from ..engine.memory import rank_params
 
 GIB = 2**30
 H200_GIB = 139.8  # one H200 ("141 GB" of HBM3e) as CUDA reports it: the default GPU of a plan
@@ -14,38 +19,6 @@ DEFAULT_SEQS = 16  # sequences the KV cache must hold at full length (--max-num-
 ACTIVATION_RESERVE_GIB = 2.0  # per GPU, for a step's activations, CUDA graphs and collectives' buffers
 QUANTIZATIONS = ("bf16", "fp8")  # weights: bf16 as the checkpoints store them; fp8 e4m3 with a scale per row
 KV_DTYPES = {"auto": 2, "bf16": 2, "fp8": 1}  # bytes per K/V element (--kv-cache-dtype; auto: bf16)
-SCALE_BYTES = 4  # an FP8 linear's scale per output row (float32)
-
-
-def kv_heads_per_rank(facts, tp):
-    """K/V heads each rank holds: its share, or one replicated head when ranks outnumber K/V heads."""
-    return facts.kv_heads // tp if tp <= facts.kv_heads else 1
-
-
-def rank_params(facts, tp=1):
-    """Parameters one rank of `tp` holds: {"linear": in the linears FP8 quantizes (attention projections,
-    MLPs, experts), "rows": those linears' output rows (one FP8 scale each), "kept": in what stays bf16
-    (embedding and LM head, split over the vocabulary; norms, routers and biases, replicated)}."""
-    f, h, d = facts, facts.hidden, facts.head_dim
-    q, kv = f.heads // tp, kv_heads_per_rank(f, tp)
-    linear = f.layers * (h * d * (q + 2 * kv) + q * d * h)
-    rows = f.layers * (d * (q + 2 * kv) + h)
-    kept = f.layers * (f.norms_per_layer * h + (2 * d if f.qk_norm else 0) + (d * (q + 2 * kv) if f.qkv_bias else 0))
-    dense = f.layers - f.moe_layers
-    if dense and f.intermediate:
-        linear += dense * 3 * h * (f.intermediate // tp)
-        rows += dense * (2 * (f.intermediate // tp) + h)
-    if f.moe_layers:
-        experts = f.experts // tp  # dealt out whole
-        linear += f.moe_layers * experts * 3 * h * f.expert_intermediate
-        rows += f.moe_layers * experts * (2 * f.expert_intermediate + h)
-        kept += f.moe_layers * h * f.experts  # the router, replicated
-        if f.shared_intermediate:
-            linear += f.moe_layers * 3 * h * (f.shared_intermediate // tp)
-            rows += f.moe_layers * (2 * (f.shared_intermediate // tp) + h)
-    vocab = -(-f.vocab // tp)  # the last rank's slice padded
-    kept += vocab * h * (1 if f.tied else 2) + h  # embedding, LM head, the final norm
-    return {"linear": linear, "rows": rows, "kept": kept}
 
 
 def vision_params(facts):
@@ -59,7 +32,7 @@ def vision_params(facts):
 def params(facts):
     """{"total": text + vision, "text": the text tower the engine loads, "active": a token's share (MoE)}."""
     p = rank_params(facts)
-    text = p["linear"] + p["kept"]
+    text = p["linear"] + p["experts"] + p["kept"]
     active = text
     if facts.moe_layers:
         unused = facts.experts - facts.experts_per_token
@@ -68,17 +41,15 @@ def params(facts):
 
 
 def weight_bytes(facts, quantization, tp=1):
-    """Bytes of weights on each of `tp` ranks: bf16 everywhere, or FP8 linears (a byte a weight and a
-    float32 scale a row) with the rest bf16."""
-    p = rank_params(facts, tp)
-    if quantization == "fp8":
-        return p["linear"] + SCALE_BYTES * p["rows"] + 2 * p["kept"]
-    return 2 * (p["linear"] + p["kept"])
+    """Bytes of weights on each of `tp` ranks: bf16 everywhere, or FP8 decoder linears (a byte a weight and
+    a float32 scale a row) with the rest bf16 (routed MoE experts too, while the engine keeps them so:
+    engine/memory.py's FP8_EXPERTS)."""
+    return memory.rank_weight_bytes(facts, tp, 1.0 if quantization == "fp8" else 0.0, 2)
 
 
 def kv_bytes_per_token(facts, tp=1, kv_dtype="auto"):
     """K and V of one token on one rank: 2 x layers x K/V heads per rank x head_dim x bytes."""
-    return 2 * facts.layers * kv_heads_per_rank(facts, tp) * facts.head_dim * KV_DTYPES[kv_dtype]
+    return memory.kv_bytes_per_token(facts, tp, KV_DTYPES[kv_dtype])
 
 
 def tp_sizes(facts, gpus):

@@ -49,10 +49,9 @@ class Cell:
     argv: list  # `run <method> ...` without --out and the sweep's own flags
     models: list  # every model name the cell loads
     sources: dict = field(default_factory=dict)  # key -> where it was set ("[axes]")
-    engine: dict = field(default_factory=dict)  # its models' [models] engine settings (ENGINE_KEYS), not defaults
 
 
-# [models."name"] keys that are engine options, each the `run` flag a cell of that model gets.
+# [models."name"] keys that are engine options, each the sweep flag that sets it for every model instead.
 ENGINE_KEYS = {"tensor_parallel_size": "--tensor-parallel-size", "quantization": "--quantization"}
 ENGINE_DEFAULTS = {"tensor_parallel_size": 1, "quantization": None}
 
@@ -63,32 +62,18 @@ def model_engine(settings, name):
     return {key: given.get(key, default) for key, default in ENGINE_DEFAULTS.items()}
 
 
-def cell_engine(cell, settings, where):
-    """The engine settings of a cell's run: one run's engines share --tensor-parallel-size and
-    --quantization, so every model of the cell must have the same ones (a ConfigError names them)."""
-    seen = {}
-    for name in cell.models:
-        seen.setdefault(tuple(model_engine(settings, name).items()), name)
-    if len(seen) > 1:
-        said = "; ".join(f"{n or 'smollm2-135m'}: " + ", ".join(f"{k} {v}" for k, v in key) for key, n in seen.items())
-        raise ConfigError(f"{where}: cell {cell.name}: its models have different [models] engine settings ({said}), "
-                          "but the engines of one run share --tensor-parallel-size and --quantization; give the "
-                          "models of a cell the same ones")
-    ((key, _),) = seen.items()
-    return {k: v for k, v in key if v != ENGINE_DEFAULTS[k]}
-
-
-def engine_flags(cell, flags=()):
-    """The cell's engine settings as `run` flags, with --backend native only (the default); a flag the
-    sweep's own command line gives (in `flags`) wins and is not repeated."""
-    flags = list(flags)
-    if "--backend" in flags and flags[flags.index("--backend") + 1] != "native":
-        return []
-    out = []
-    for key, flag in ENGINE_KEYS.items():
-        if key in cell.engine and flag not in flags:
-            out += [flag, str(cell.engine[key])]
-    return out
+def model_options(settings, backend="native", given=()):
+    """LLMPool's model_options from the file's [models] tables: {model name: its engine settings} (native
+    engines only). A setting named in `given` (the pool's own kwargs: the sweep's --tensor-parallel-size /
+    --quantization) wins for every model and is left out."""
+    if backend != "native":
+        return {}
+    options = {}
+    for name, settings_ in settings.items():
+        own = {key: settings_[key] for key in ENGINE_KEYS if key in settings_ and key not in given}
+        if own:
+            options[str(name)] = own
+    return options
 
 
 def make_cell(point, sources, axis_names, root, check_files, where):

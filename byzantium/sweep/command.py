@@ -9,15 +9,15 @@
 rerun into the same DIR with another --limit (or none) is refused: its cells would count as done with
 the other number of problems. --dry-run prints what each cell needs (dry_run.py) and each model's plan
 on --gpus N GPUs of --device-memory GB (byzantium/plan/). A model's [models."name"] tensor_parallel_size
-and quantization reach its cells' runs as --tensor-parallel-size / --quantization (--backend native);
-the same flags given to the sweep win over the file's (another machine).
+and quantization are its engine's options (the shared pool's model_options, --backend native), so the
+models of one cell may differ (a 70B in fp8 beside an 8B in bf16); --tensor-parallel-size /
+--quantization given to the sweep win over the file's for every model (another machine).
 """
 import argparse
 
 from ..backends import add_backend_args, pool_kwargs
 from ..commands import Command
 from .cell_checks import parse_cell
-from .cells import engine_flags
 from .config import ConfigError, load_sweep
 from .dry_run import DEVICE_MEMORY_GB, check_dtype, describe, device_memory
 from .running import run_sweep
@@ -84,7 +84,7 @@ def cmd_sweep(args):
     if args.gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
     for cell in sweep.cells:  # each cell with them, before anything loads
-        parse_cell(cell, sweep.path.name, engine_flags(cell, flags) + flags)
+        parse_cell(cell, sweep.path.name, flags)
     if args.dry_run:
         print(describe(sweep, args.backend, dtype, device_memory(args.device_memory), args.gpus, flags))
         return

@@ -19,9 +19,9 @@ ordinary `byzantium run <method>` into its own directory. Read and checked here,
     [[cells]]                         # optional: explicit cells (e.g. the conditions of a table), each
                                       # run at every point of the axes
     [models."Qwen/Qwen3-4B"]          # per model: chat_template_kwargs, max_model_len (a server's limit),
-    chat_template_kwargs = {enable_thinking = false}   # tensor_parallel_size, quantization ("fp8"): the
-                                      # `run` flags of its cells (`byzantium plan` says which; the
-                                      # models of one cell must agree; the sweep's own flags win)
+    chat_template_kwargs = {enable_thinking = false}   # tensor_parallel_size, quantization ("fp8"): its
+                                      # engine's options (`byzantium plan` says which; the sweep's pool
+                                      # gives them to that model only; the sweep's own flags win)
     [scale.smoke.run] / [scale.smoke.axes] / [[scale.smoke.cells]]   (and scale.paper): these replace
                                       # the same keys of [run] / [axes] / the [[cells]] list
     [[published]]                     # the paper's numbers, as data (see sweep.json in running.py): one
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cell_checks import parse_cell
-from .cells import ENGINE_KEYS, KEYS, METHODS, RES, RR, SAC, ConfigError, cell_engine, engine_flags, make_cell
+from .cells import ENGINE_KEYS, KEYS, METHODS, RES, RR, SAC, ConfigError, make_cell
 from .needs import PROMPT_BUDGET
 
 try:
@@ -165,8 +165,7 @@ def load_sweep(path, scale="smoke", data_root=None, check_files=True) -> Sweep:
                 raise ConfigError(f"{where}: two cells are both named {cell.name!r}; give them different settings")
             continue  # the same run twice (e.g. MAJ over a K axis it does not have): once
         seen[cell.name] = dict(cell.params)
-        cell.engine = cell_engine(cell, models, where)
-        parse_cell(cell, where, engine_flags(cell))
+        parse_cell(cell, where)
         built.append(cell)
     if not built:
         fail("[axes]", "no cell applies to the methods")

@@ -1,14 +1,16 @@
 """The model pool of a sweep: one LLMPool for every cell, so that a model is loaded once, not once a cell."""
-from .cells import model_engine
+from .cells import model_options
 
 
 class SharedPool:
     """One LLMPool for the whole sweep. A cell's `run_pool(args, ...)` calls this (args.pool) and gets a
     Borrowed view whose `with` does not close the engines; `close()` at the end of the sweep does.
-    It plans the device for every model of the sweep with the same engine settings ([models]
-    tensor_parallel_size, quantization) at once; when they do not fit together, it plans the next
-    cell's models only and reloads when a cell needs others (load_sweep puts the cells of one model set
-    next to each other). A cell whose run has other engine options (its models' settings) gets a new pool."""
+    Each model's engine gets its [models] engine settings (tensor_parallel_size, quantization) as the
+    LLMPool's model_options, unless the run's own kwargs (the sweep's flags) set them for every model.
+    It plans the device for every model of the sweep at once (each sized as its settings make it); when
+    they do not fit together, it plans the next cell's models only and reloads when a cell needs others
+    (load_sweep puts the cells of one model set next to each other). A run with other pool kwargs gets
+    a new pool."""
 
     def __init__(self, models, settings, factory=None):
         self.models, self.settings, self.factory = list(models), settings, factory
@@ -21,13 +23,12 @@ class SharedPool:
             self.pool = None
         if self.pool is None:
             from ..backends import LLMPool
-            self.pool = (self.factory or LLMPool)(backend, **kwargs)
+            options = model_options(self.settings, backend, kwargs)
+            self.pool = (self.factory or LLMPool)(backend, **kwargs, **({"model_options": options} if options else {}))
             self.kwargs = (backend, kwargs)
-            engine = model_engine(self.settings, self.next[0]) if self.next else None
-            alike = [m for m in self.models if engine is None or model_engine(self.settings, m) == engine]
             try:
-                self.pool.plan(alike)
-                self.planned = set(alike)
+                self.pool.plan(self.models)
+                self.planned = set(self.models)
             except ValueError:  # together they do not fit on the device
                 self.pool.plan(list(need))
                 self.planned = need

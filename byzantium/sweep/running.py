@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..experiments.run_command import run_parser
 from ..experiments.runner import RESULTS, SUMMARY, to_json
-from .cells import engine_flags
 from .needs import cell_problem
 from .pool import SharedPool
 from .progress import Progress
@@ -67,9 +66,9 @@ def write_json(path, data):
 
 
 def run_cell(cell, flags, path, pool):
-    """One cell: `byzantium run <method> ... --out path` with the shared pool, its output to run.log; its
-    models' engine settings ([models] tensor_parallel_size, quantization) as flags before the sweep's."""
-    args = run_parser().parse_args(cell.argv + engine_flags(cell, flags) + list(flags) + ["--out", str(path)])
+    """One cell: `byzantium run <method> ... --out path` with the shared pool (which gives each model its
+    [models] engine settings), its output to run.log."""
+    args = run_parser().parse_args(cell.argv + list(flags) + ["--out", str(path)])
     args.pool = pool
     path.mkdir(parents=True, exist_ok=True)
     with open(path / "run.log", "a") as log, contextlib.redirect_stdout(log):
