@@ -5,7 +5,7 @@
 - the quantization_config parser: known FP8 formats read, unknown ones refused naming them, and an engine
   refusing them before any weight is read;
 - the FP8 engine on Llama, Qwen3-MoE, Gemma 3 and Llama 4 equal to the fp32 engine on weights rounded to
-  FP8 (exact on the CPU);
+  FP8 (exact on the CPU; MoE experts included: tests/test_fp8_experts.py covers them further);
 - a tiny random Llama through the real Engine: quantized at load (quantization="fp8") and from FP8
   checkpoints written here (compressed-tensors per channel and per tensor, transformers' block-wise
   quant_method "fp8"), against the fp32 model;
@@ -365,9 +365,11 @@ def test_quantized_at_load_is_close_to_fp32(at_load, fp32_run):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3-moe", "gemma3", "llama4"])
 def test_fp8_at_load_is_fp32_on_weights_rounded_to_fp8(kind, tmp_path):
-    """Exact, on every architecture: on the CPU an Fp8Linear multiplies by weight * scale in fp32, so the
-    FP8 engine is the fp32 engine on a checkpoint whose decoder linears were rounded to FP8 and back (MoE
-    routers, stacked experts, the embedding and the LM head untouched, as the FP8 engine keeps them)."""
+    """Exact, on every architecture: on the CPU an Fp8Linear (and an FP8 expert) multiplies by weight * scale
+    in fp32, so the FP8 engine is the fp32 engine on a checkpoint whose decoder linears and MoE experts (per
+    expert and output row) were rounded to FP8 and back (MoE routers, the embedding and the LM head
+    untouched, as the FP8 engine keeps them)."""
+    from test_fp8_experts import round_experts_to_fp8
     from test_llama4 import build as build_llama4
     from test_tensor_parallel import build
     hf = build_llama4("text") if kind == "llama4" else build(kind)
@@ -379,6 +381,7 @@ def test_fp8_at_load_is_fp32_on_weights_rounded_to_fp8(kind, tmp_path):
             if param.dim() == 2 and name.removesuffix(".weight").rsplit(".", 1)[-1] in LINEAR:
                 q, scale = quantize_rows(param)
                 param.copy_(q.float() * scale[:, None])
+    assert round_experts_to_fp8(hf) == (4 if kind in ("qwen3-moe", "llama4") else 0)  # 2 MoE layers
     hf.save_pretrained(tmp_path / "rounded")
     rounded = Engine(tmp_path / "rounded", num_blocks=64)
     assert rel_err(engine.logits(PROMPTS), rounded.logits(PROMPTS)).max() < 1e-5

@@ -8,7 +8,7 @@ import torch
 from ..kernels import cpu_ext, warn_once
 from .layers.linear import pack_linears, packing_available
 from .loader import iter_safetensors
-from .quantization import checkpoint_tensors, quantization_spec, swap_fp8_linears
+from .quantization import checkpoint_tensors, quantization_spec, swap_fp8_experts, swap_fp8_linears
 
 
 @dataclass
@@ -17,7 +17,7 @@ class ModelSetup:
     linear_kernels: object  # "torch", or {"INxOUT": kernel name} as measured on this CPU
     linear_timings: dict  # {shape: {candidate: seconds}} measured by this start (empty when cached)
     cpu_layer_ops: bool  # norms, rope and SiLU * up on the compiled kernels
-    quantization: object = None  # quantization.Fp8Spec of the FP8 linears, None when there are none
+    quantization: object = None  # quantization.Fp8Spec of the FP8 linears and experts, None when there are none
 
 
 def load_model(model_class, config, model_dir, dtype, device, options):
@@ -30,7 +30,9 @@ def load_model(model_class, config, model_dir, dtype, device, options):
     # Cast on meta first, so every weight is allocated once, at the target dtype (casting after
     # to_empty would hold an fp32 copy: twice the bf16 weights at the peak).
     model = model.to(dtype)
-    fp8_parts = swap_fp8_linears(model, spec) if spec is not None else set()  # after .to(dtype): it would cast them
+    fp8_parts = set()  # after .to(dtype), which would cast them: FP8 linears and MoE experts, on meta
+    if spec is not None:
+        fp8_parts = swap_fp8_linears(model, spec) | swap_fp8_experts(model, spec)
     model = model.to_empty(device=device)
     model.init_buffers(device)  # what to_empty left uninitialised: rope tables, tied weights
     tensors = iter_safetensors(model_dir, device)  # one tensor at a time, straight to the device

@@ -8,14 +8,18 @@ Known formats (anything else is refused, naming it, when the config is read: bef
   `ignore` names and `re:` regexes, `targets` ["Linear"] or names and regexes.
 - quant_method "fp8" (vLLM / AutoFP8: weight_scale per tensor; transformers' FineGrainedFP8: weight_scale_inv
   per tensor or per block of weight_block_size).
-- quantization="fp8" on a bf16/fp32 checkpoint: every decoder-layer linear quantized per output row as
-  it is read.
+- quantization="fp8" on a bf16/fp32 checkpoint: every decoder-layer linear and MoE expert quantized per
+  output row as it is read.
+MoE experts (models/moe.py's and llama4.py's stacked w13/w2) are FP8 where every expert linear of the
+block is (checkpoint names {block}.experts.{e}.gate_proj / up_proj / down_proj, targeted and not ignored):
+e4m3 with fp32 scales per (expert, output row), w13_scale [E, 2I] and w2_scale [E, H] (models/moe.py,
+swap_fp8_experts); kernels/moe.py runs them.
 Activations are always scaled per token as they come: static input_scale / activation_scale tensors are
 skipped (as are K/V scales: an FP8 KV cache uses scale 1). The embedding, the LM head and MoE routers stay
-in the compute dtype (vLLM's default), and so do stacked MoE experts (models/moe.py's w13/w2): an FP8
-tensor meant for one of these is dequantized on the way in. Block-wise weights are dequantized and
-quantized again per row (the layout Fp8Linear runs): a second e4m3 rounding, up to 2^-4 more relative
-error on a weight.
+in the compute dtype (vLLM's default): an FP8 tensor meant for one of these (or for a linear or experts
+the config leaves out) is dequantized on the way in. Block-wise weights are dequantized and quantized
+again per row (the layout Fp8Linear runs): a second e4m3 rounding, up to 2^-4 more relative error on a
+weight.
 """
 import re
 from dataclasses import dataclass, field
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 from .layers.fp8 import FP8, TILE_ELEMENTS, Fp8Linear
+from .models.moe import EXPERT_PROJECTIONS, use_fp8_experts
 
 # Checkpoint tensors never read: static activation scales and K/V cache scales.
 SKIPPED_SUFFIXES = (".input_scale", ".activation_scale", ".output_scale", ".k_scale", ".v_scale")
@@ -171,10 +176,27 @@ def swap_fp8_linears(model, spec):
     return fp8_parts
 
 
+def swap_fp8_experts(model, spec):
+    """Make the stacked experts of each MoE block (a module with w13 and w2 parameters) FP8 where `spec`
+    makes every expert linear of the block FP8 (models/moe.py use_fp8_experts; on meta, after
+    model.to(dtype)). Returns the decoder-layer parts of their checkpoint linears, all experts' (those of
+    other tensor-parallel ranks pass through untouched and are skipped by load_weights)."""
+    fp8_parts = set()
+    for name, block in list(model.named_modules()):
+        if not all(isinstance(getattr(block, w, None), nn.Parameter) for w in ("w13", "w2")):
+            continue
+        pieces = [f"{name}.experts.{e}.{proj}" for e in range(block.num_experts) for proj in EXPERT_PROJECTIONS]
+        if spec.is_fp8(f"{name}.experts", pieces):
+            use_fp8_experts(block)
+            fp8_parts |= {_LAYER.search(p)[1] for p in pieces}
+    return fp8_parts
+
+
 def checkpoint_tensors(named_tensors, spec, fp8_parts, dtype):
     """The checkpoint's (name, tensor)s as the models' load_weights take them: FP8 weights that land in an
-    Fp8Linear pass with their weight_scale (a per-tensor weight_scale_inv renamed weight_scale); any other
-    FP8 weight (block-wise; the LM head, MoE experts, a layer kept in `dtype`) is dequantized with its scale,
+    Fp8Linear or FP8 experts pass with their weight_scale (a per-tensor weight_scale_inv renamed
+    weight_scale); any other FP8 weight (block-wise; the LM head, a layer or experts kept in `dtype`) is
+    dequantized with its scale,
     to `dtype`, or to fp32 where the model quantizes it again per row; SKIPPED_SUFFIXES are dropped."""
     weights, scales = {}, {}  # FP8 weights waiting for their scale, and scales for their weight
     for name, tensor in named_tensors:

@@ -19,7 +19,7 @@ from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import rope, rope_tables, rotate_tables
 from ..weights import FP8, copy_weight, rank_slice
-from .moe import SparseMoeBlock, is_sparse_layer
+from .moe import EXPERT_PARAMS, SparseMoeBlock, copy_experts, is_sparse_layer
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Qwen3MoeForCausalLM", "Mistral3ForConditionalGeneration")
@@ -41,8 +41,9 @@ TEXT_TOWERS = {"Mistral3ForConditionalGeneration": (
 # they come; an FP8 KV cache uses scale 1).
 SKIPPED = (".input_scale", ".k_scale", ".v_scale")
 
-# Qwen3-MoE experts: one tensor per expert and projection (checkpoints), or transformers 5's stacked ones.
-_EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+# Qwen3-MoE experts: one tensor per expert and projection (checkpoints; FP8 ones with a weight_scale each),
+# or transformers 5's stacked ones.
+_EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight(_scale)?")
 _STACKED_EXPERTS = re.compile(r"(.*\.mlp)\.experts\.(gate_up_proj|down_proj)")
 
 
@@ -230,17 +231,21 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {self.arch}")
             param = params[target]
-            if target.endswith((".w13", ".w2")):  # experts: this rank holds some of them, whole
+            experts = target.endswith(EXPERT_PARAMS)
+            if experts:  # this rank holds some of them, whole
                 tensor, part = self._local_expert(target, tensor, part)
                 if tensor is None:
                     continue
-            dest, scale = self._piece(target, param, part), None
-            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read
-                scale_target = target.removesuffix("weight") + "weight_scale"
-                scale = self._piece(scale_target, params[scale_target], part)
-                loaded |= {(scale_target, p) for p in (self._parts(scale_target, param) if part is None else [part])}
-            copy_weight(dest, tensor, parallel.cut_of(self, target), scale, ckpt_name)
-            loaded |= {(target, p) for p in (self._parts(target, param) if part is None else [part])}
+            scale_target = None
+            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read, its scales written
+                scale_target = target + "_scale" if experts else target.removesuffix("weight") + "weight_scale"
+            if experts and part is None:  # stacked experts: one at a time (FP8: each quantized per row)
+                copy_experts(param, scale_target and params[scale_target], tensor, ckpt_name)
+            else:
+                scale = scale_target and self._piece(scale_target, params[scale_target], part)
+                copy_weight(self._piece(target, param, part), tensor, parallel.cut_of(self, target), scale, ckpt_name)
+            for t in filter(None, (target, scale_target)):
+                loaded |= {(t, p) for p in (self._parts(t, params[t]) if part is None else [part])}
         expected = {(t, p) for t, param in params.items() for p in self._parts(t, param)}
         missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
         if missing:
@@ -275,8 +280,10 @@ class LlamaForCausalLM(nn.Module):
     def _target(self, name):
         """(our parameter, which piece of it or None for all of it) of a checkpoint tensor."""
         if m := _EXPERT.fullmatch(name):
-            prefix, expert, proj = m[1], int(m[2]), m[3]
-            return (f"{prefix}.w2", expert) if proj == "down" else (f"{prefix}.w13", (expert, int(proj == "up")))
+            prefix, expert, proj, scale = m[1], int(m[2]), m[3], m[4] or ""
+            if proj == "down":
+                return f"{prefix}.w2{scale}", expert
+            return f"{prefix}.w13{scale}", (expert, int(proj == "up"))
         if m := _STACKED_EXPERTS.fullmatch(name):
             return f"{m[1]}.{'w13' if m[2] == 'gate_up_proj' else 'w2'}", None
         for ckpt, (ours, index) in self.packed.items():
@@ -290,9 +297,9 @@ class LlamaForCausalLM(nn.Module):
             return [0, 1, 2]
         if ".gate_up_proj." in target:
             return [0, 1]
-        if target.endswith(".w13"):  # experts' [gate; up]
+        if target.endswith((".w13", ".w13_scale")):  # experts' [gate; up]
             return [(e, p) for e in range(param.shape[0]) for p in (0, 1)]
-        if target.endswith(".w2"):
+        if target.endswith((".w2", ".w2_scale")):
             return list(range(param.shape[0]))
         return [None]
 
@@ -300,10 +307,10 @@ class LlamaForCausalLM(nn.Module):
         """The view of `param` that checkpoint piece `part` is copied into."""
         if part is None:
             return param
-        if target.endswith(".w13"):
+        if target.endswith((".w13", ".w13_scale")):  # [E, 2I, H] or its scales [E, 2I]
             expert, half = part
             return param[expert].narrow(0, half * param.shape[1] // 2, param.shape[1] // 2)
-        if target.endswith(".w2"):
+        if target.endswith((".w2", ".w2_scale")):
             return param[part]
         if ".qkv_proj." in target:
             attn = self.model.layers[0].self_attn

@@ -18,6 +18,8 @@ Reads top to bottom: settings, attention, MoE block, decoder layer, model, weigh
 (norm, paged attention, gated MLP, fused_moe) are engine/layers/'s and kernels/moe.py's. Inputs are packed
 as in llama.py ([T] tokens of all sequences of a step, `meta` from runner.AttentionMetadata).
 """
+import re
+
 import torch
 from torch import nn
 
@@ -27,6 +29,7 @@ from ..layers.attention import PagedAttention
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..weights import FP8, copy_weight, rank_slice
+from .moe import EXPERT_PARAMS, copy_experts
 
 ARCHITECTURES = ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")
 MODEL_TYPES = {"llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
@@ -38,6 +41,9 @@ TEXT_TOWER = (("language_model.model.", "model."), ("language_model.lm_head.", "
               ("model.language_model.", "model."), ("lm_head.", "lm_head."),
               ("vision_model.", None), ("multi_modal_projector.", None),
               ("model.vision_model.", None), ("model.multi_modal_projector.", None))
+# Routed experts one linear each ([out, in]; FP8 ones with a weight_scale [out, 1] or [1]), as llm-compressor
+# writes them (RedHatAI's Llama-4-Scout FP8 release); transformers' own layout is stacked (Llama4ForCausalLM.experts).
+_EXPERT = re.compile(r"(.*\.feed_forward)\.experts\.(\d+)\.(gate|up|down)_proj\.weight(_scale)?")
 
 
 def architecture_of(config):
@@ -119,8 +125,9 @@ class Attention(nn.Module):
 
 
 class MoeBlock(nn.Module):
-    """Routed experts (stacked: w13 [E, 2I, H] gate rows then up rows, w2 [E, H, I], as models/moe.py) plus
-    the shared expert. Under tensor parallelism each rank holds a share of the experts, whole."""
+    """Routed experts (stacked: w13 [E, 2I, H] gate rows then up rows, w2 [E, H, I], as models/moe.py, FP8
+    ones with w13_scale / w2_scale) plus the shared expert. Under tensor parallelism each rank holds a share
+    of the experts, whole."""
 
     def __init__(self, config):
         super().__init__()
@@ -132,6 +139,8 @@ class MoeBlock(nn.Module):
         self.experts = parallel.experts_of_rank(self.num_experts)  # the ids of this rank's experts
         self.w13 = nn.Parameter(torch.empty(len(self.experts), 2 * inter, hidden))
         self.w2 = nn.Parameter(torch.empty(len(self.experts), hidden, inter))
+        self.register_parameter("w13_scale", None)  # FP8 experts' row scales (moe.use_fp8_experts)
+        self.register_parameter("w2_scale", None)
 
     def forward(self, x):
         T, hidden = x.shape
@@ -146,7 +155,8 @@ class MoeBlock(nn.Module):
             local = ids - self.experts.start
             weights = weights.masked_fill((local < 0) | (local >= len(self.experts)), 0)
             ids = local.clamp(0, len(self.experts) - 1)
-        routed = fused_moe(rows, self.w13, self.w2, weights, ids).view(T, self.top_k, hidden).sum(1)
+        routed = fused_moe(rows, self.w13, self.w2, weights, ids, w13_scale=self.w13_scale,
+                           w2_scale=self.w2_scale).view(T, self.top_k, hidden).sum(1)
         return self.shared_expert(x) + parallel.all_reduce(routed, self.tp)
 
 
@@ -247,7 +257,9 @@ class Llama4ForCausalLM(nn.Module):
 
     def load_weights(self, named_tensors):
         """Copy checkpoint tensors (transformers names, text-only or multimodal) into our fused parameters,
-        each rank its slice (weights.copy_weight); check that none is missing, unknown or mis-shaped."""
+        each rank its slice (weights.copy_weight); check that none is missing, unknown or mis-shaped. Routed
+        experts come stacked (transformers) or one linear per expert (llm-compressor; FP8 ones with their
+        weight_scale), each rank reading only its own; FP8 experts are quantized an expert at a time."""
         params = dict(self.named_parameters())
         loaded, head = set(), None
         for ckpt_name, tensor in named_tensors:
@@ -261,16 +273,22 @@ class Llama4ForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {self.arch}")
             param = params[target]
-            if target.endswith((".w13", ".w2")):
-                tensor = self._local_experts(target, tensor, ckpt_name)
-            dest, scale = self._piece(target, param, part), None
-            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read
-                scale_target = target.removesuffix("weight") + "weight_scale"
-                scale = self._piece(scale_target, params[scale_target], part)
-                loaded.add((scale_target, part))
-            copy_weight(dest, tensor, parallel.cut_of(self, target), scale, ckpt_name)
-            loaded.add((target, part))
-        expected = {(t, p) for t in params for p in self._parts(t)}
+            experts = target.endswith(EXPERT_PARAMS)
+            if experts:  # this rank holds some of them, whole
+                tensor, part = self._local_experts(target, tensor, part, ckpt_name)
+                if tensor is None:
+                    continue
+            scale_target = None
+            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read, its scales written
+                scale_target = target + "_scale" if experts else target.removesuffix("weight") + "weight_scale"
+            if experts and part is None:  # stacked experts: one at a time (FP8: each quantized per row)
+                copy_experts(param, scale_target and params[scale_target], tensor, ckpt_name)
+            else:
+                scale = scale_target and self._piece(scale_target, params[scale_target], part)
+                copy_weight(self._piece(target, param, part), tensor, parallel.cut_of(self, target), scale, ckpt_name)
+            for t in filter(None, (target, scale_target)):
+                loaded |= {(t, p) for p in (self._parts(t, params[t]) if part is None else [part])}
+        expected = {(t, p) for t, param in params.items() for p in self._parts(t, param)}
         missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors of {self.arch}, e.g. {missing[:3]}")
@@ -294,32 +312,56 @@ class Llama4ForCausalLM(nn.Module):
         for ckpt, ours in self.experts.items():
             if name.endswith(f".feed_forward.{ckpt}"):
                 return name.removesuffix(ckpt) + ours, None
+        if m := _EXPERT.fullmatch(name):
+            prefix, expert, proj, scale = m[1], int(m[2]), m[3], m[4] or ""
+            if proj == "down":
+                return f"{prefix}.w2{scale}", expert
+            return f"{prefix}.w13{scale}", (expert, int(proj == "up"))
         for ckpt, (ours, index) in self.packed.items():
             if f".{ckpt}." in name:
                 return name.replace(f".{ckpt}.", f".{ours}."), index
         return name, None
 
-    def _local_experts(self, target, tensor, ckpt_name):
-        """This rank's experts of a stacked checkpoint tensor, in our layout ([E, H, 2I] -> [E, 2I, H],
-        [E, I, H] -> [E, H, I])."""
+    def _local_experts(self, target, tensor, part, ckpt_name):
+        """(the tensor, its piece) in this rank's share of the experts, (None, None) for another rank's
+        expert: a stacked checkpoint tensor's experts of this rank, in our layout ([E, H, 2I] -> [E, 2I, H],
+        [E, I, H] -> [E, H, I]: a view), or one expert's linear (its piece renumbered to our local index)."""
         block = self.get_submodule(target.rsplit(".", 1)[0])
+        if part is not None:
+            expert = part[0] if isinstance(part, tuple) else part
+            if expert >= block.num_experts:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r}: expert {expert} of {block.num_experts}")
+            if expert not in block.experts:
+                return None, None
+            local = expert - block.experts.start
+            return tensor, (local, part[1]) if isinstance(part, tuple) else local
         if tensor.dim() != 3 or tensor.shape[0] != block.num_experts:
             raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}; expected "
                              f"{block.num_experts} stacked experts")
-        return tensor[block.experts.start:block.experts.stop].transpose(1, 2)
+        return tensor[block.experts.start:block.experts.stop].transpose(1, 2), None
 
-    def _parts(self, target):
-        """The pieces a parameter is loaded in, one checkpoint tensor each; [None] when it is one tensor."""
+    def _parts(self, target, param):
+        """The pieces a parameter is loaded in, one checkpoint tensor each; [None] when it is one tensor.
+        Experts: (expert, gate 0 / up 1) of w13, the expert of w2, and the same of their scales."""
         if ".qkv_proj." in target:
             return [0, 1, 2]
         if ".gate_up_proj." in target:
             return [0, 1]
+        if target.endswith((".w13", ".w13_scale")):
+            return [(e, p) for e in range(param.shape[0]) for p in (0, 1)]
+        if target.endswith((".w2", ".w2_scale")):
+            return list(range(param.shape[0]))
         return [None]
 
     def _piece(self, target, param, part):
         """The view of `param` that checkpoint piece `part` is copied into."""
         if part is None:
             return param
+        if target.endswith((".w13", ".w13_scale")):  # [E, 2I, H] or its scales [E, 2I]
+            expert, half = part
+            return param[expert].narrow(0, half * param.shape[1] // 2, param.shape[1] // 2)
+        if target.endswith((".w2", ".w2_scale")):
+            return param[part]
         if ".qkv_proj." in target:
             attn = self.model.layers[0].self_attn
             sizes = [attn.q_size, attn.kv_size, attn.kv_size]
