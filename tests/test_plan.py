@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from byzantium.cli import main
+from byzantium.engine.memory import rank_weight_bytes
 from byzantium.plan import command as plan_command
 from byzantium.plan.facts import BUILTIN, builtin, from_config, model_facts
 from byzantium.plan.fit import (GIB, H200_GIB, kv_bytes_per_token, option, params, plan_model, rank_params, tp_sizes,
@@ -134,7 +135,7 @@ def test_the_choice_bf16_first_then_fp8():
 MOE = {**SMALL, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 512}
 
 
-def test_moe_experts_stay_in_the_compute_dtype_under_fp8():
+def test_moe_experts_in_fp8():
     f = from_config("moe", MOE)
     attention = 1024 * 128 * 12 + 1024 * 1024
     experts = 4 * 3 * 1024 * 512
@@ -142,8 +143,12 @@ def test_moe_experts_stay_in_the_compute_dtype_under_fp8():
     assert rank_params(f) == {"linear": 4 * attention, "rows": 4 * (12 * 128 + 1024), "experts": 4 * experts,
                               "expert_rows": 4 * 4 * (2 * 512 + 1024), "kept": kept}
     assert weight_bytes(f, "bf16") == 2 * (4 * attention + 4 * experts + kept)
-    # fp8: the attention linears at a byte and a scale a row; the experts, like the rest, bf16.
-    assert weight_bytes(f, "fp8") == 4 * attention + 4 * 4 * (12 * 128 + 1024) + 2 * (4 * experts + kept)
+    # fp8: the attention linears and the experts at a byte a weight and a scale a row (per expert); the rest bf16
+    rows = 4 * (12 * 128 + 1024) + 4 * 4 * (2 * 512 + 1024)
+    assert weight_bytes(f, "fp8") == 4 * attention + 4 * experts + 4 * rows + 2 * kept
+    # An engine that kept its experts in the compute dtype: they would count at 2 bytes (FP8_EXPERTS).
+    assert rank_weight_bytes(f, 1, 1.0, 2, fp8_experts=0.0) == (4 * attention + 4 * 4 * (12 * 128 + 1024)
+                                                                + 2 * (4 * experts + kept))
     # TP 2: two experts a rank, whole; the attention heads halved; the vocabulary halved.
     assert rank_params(f, 2)["experts"] == 4 * 2 * 3 * 1024 * 512
 
@@ -310,10 +315,10 @@ def test_the_command_in_json():
     (scout,) = data["models"]
     assert scout["plan"] == {"tensor_parallel_size": 2, "quantization": "bf16", "kv_tokens": scout["plan"]["kv_tokens"],
                              "flags": ["--tensor-parallel-size", "2"]}
-    # fp8 on one H200 does not fit either: the engine keeps the routed experts (most of Scout) in bf16.
+    # fp8 on one H200 fits: the routed experts (97 % of Scout) are FP8 too.
     assert [(o["tensor_parallel_size"], o["quantization"], o["fits"]) for o in scout["options"]] == [
-        (1, "bf16", False), (2, "bf16", True), (1, "fp8", False), (2, "fp8", True)]
-    assert scout["weights_gib"] == {"bf16": 200.74, "fp8": 192.31}
+        (1, "bf16", False), (2, "bf16", True), (1, "fp8", True), (2, "fp8", True)]
+    assert scout["weights_gib"] == {"bf16": 200.74, "fp8": 102.37}
     assert scout["weights_gib"]["bf16"] > 200 and abs(scout["params"] / 109e9 - 1) < 0.02
 
 

@@ -38,9 +38,9 @@ def kv_blocks(total, fraction, weights, activations, free, block_bytes):
 
 
 FP8_SCALE_BYTES = 4  # an FP8 linear's scale per output row (float32)
-# quantization="fp8" (and an FP8 checkpoint) leaves stacked MoE experts in the compute dtype
-# (engine/quantization.py: models/moe.py's and llama4.py's w13/w2 are not FP8 linears). True once they are.
-FP8_EXPERTS = False
+# quantization="fp8" (and an FP8 checkpoint whose expert linears are FP8) makes the stacked MoE experts FP8
+# too, e4m3 with an fp32 scale per (expert, output row) (engine/quantization.py swap_fp8_experts, models/moe.py).
+FP8_EXPERTS = True
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")  # safetensors' names of 8-bit float tensors
 _TEXT_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")  # a decoder layer's tensor
 _NOT_TEXT = ("vision", "visual", "multi_modal", "audio")  # towers the engine does not load
@@ -229,8 +229,8 @@ def rank_params(facts, tp=1):
 def rank_weight_bytes(facts, tp=1, fp8=0.0, itemsize=2, fp8_experts=None):
     """Bytes of weights on each of `tp` ranks. fp8: the share of the decoder linears held in FP8 (0: none,
     1: all, as quantization="fp8" makes them; an FP8 checkpoint's share as stored, fp8_shares), a byte a
-    weight plus a float32 scale a row; fp8_experts: the routed experts' share (default: fp8's), counted
-    only while FP8_EXPERTS (else the experts stay in the compute dtype); the rest at `itemsize` bytes."""
+    weight plus a float32 scale a row; fp8_experts: the routed experts' share likewise (default: fp8's;
+    while FP8_EXPERTS is False the experts stay in the compute dtype); the rest at `itemsize` bytes."""
     p = rank_params(facts, tp)
 
     def part(params, rows, share):

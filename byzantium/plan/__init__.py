@@ -17,11 +17,10 @@ The rules:
   rest is KV cache. A plan fits when that KV cache holds S x L tokens.
 - Weights per rank: the attention projections, MLPs and shared experts split over the ranks, routed
   experts dealt out whole, the embedding and the LM head split over the vocabulary (the last slice
-  padded); norms, routers and biases replicated. fp8: the attention projections, MLPs and shared experts
-  at one byte a weight plus a float32 scale a row (per-channel); everything else stays bf16, routed MoE
-  experts included (the engine does not quantize them: engine/memory.py's FP8_EXPERTS). Only the text
-  tower counts: the engine skips vision towers (their parameters are shown, not loaded). The arithmetic
-  of one rank is engine/memory.py's, which LLMPool.plan sizes its engines with too.
+  padded); norms, routers and biases replicated. fp8: those linears and the routed experts at one byte a
+  weight plus a float32 scale a row (per-channel; per expert and row), everything else stays bf16. Only
+  the text tower counts: the engine skips vision towers (their parameters are shown, not loaded). The
+  arithmetic of one rank is engine/memory.py's, which LLMPool.plan sizes its engines with too.
 - KV bytes per token per rank = 2 x layers x K/V heads per rank x head_dim x 2 (bf16; 1 with
   --kv-cache-dtype fp8). Layers with a sliding window (Gemma 3) or chunked attention (Llama 4) are
   counted as full attention: the plan is on the safe side for them.

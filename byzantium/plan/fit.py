@@ -41,9 +41,8 @@ def params(facts):
 
 
 def weight_bytes(facts, quantization, tp=1):
-    """Bytes of weights on each of `tp` ranks: bf16 everywhere, or FP8 decoder linears (a byte a weight and
-    a float32 scale a row) with the rest bf16 (routed MoE experts too, while the engine keeps them so:
-    engine/memory.py's FP8_EXPERTS)."""
+    """Bytes of weights on each of `tp` ranks: bf16 everywhere, or FP8 decoder linears and routed experts
+    (a byte a weight and a float32 scale a row) with the rest bf16 (engine/memory.py rank_weight_bytes)."""
     return memory.rank_weight_bytes(facts, tp, 1.0 if quantization == "fp8" else 0.0, 2)
 
 
