@@ -3,7 +3,6 @@ engine (no protocol), and print the texts and the engine's counters."""
 import json
 import time
 
-from . import Engine, SamplingParams
 from .commands import Command
 
 
@@ -25,6 +24,7 @@ def add_generate_args(ap):
 
 
 def make_engine(args):
+    from . import Engine, SamplingParams  # here, not at import: `byzantium --help` and `plan` start without torch
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)  # checked first
     return Engine(args.model, device=args.device, dtype=args.dtype), params
 
