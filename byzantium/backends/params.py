@@ -1,7 +1,11 @@
 """SamplingParams: how one request is decoded. The LLM interface owns this vocabulary; the engine, the
 backends and the protocols all speak it, so protocols depend on backends only.
 """
+import json
 from dataclasses import dataclass, field
+
+# Structured outputs: the fields that constrain what a request may generate, at most one per request.
+STRUCTURED = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass
@@ -19,6 +23,15 @@ class SamplingParams:
     # + presence * (count > 0). 0 = off (the default and the papers' setting).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Structured outputs, enforced while decoding (engine/grammar.py, llguidance: `byzantium[structured]`);
+    # at most one: the output is a JSON value valid under a JSON schema (a dict, or its JSON text); any JSON
+    # object (OpenAI's response_format {"type": "json_object"}); a match of a regular expression (the whole
+    # output); exactly one of the strings in `choice`; or a sentence of a grammar (Lark, or GBNF).
+    json_schema: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -40,6 +53,54 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        self._check_structured()
+
+    def _check_structured(self):
+        given = [name for name in STRUCTURED if getattr(self, name) not in (None, False)]
+        if len(given) > 1:
+            raise ValueError(f"at most one of {', '.join(STRUCTURED)} per request; got {' and '.join(given)}")
+        if isinstance(self.json_schema, str):
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as error:
+                raise ValueError(f"json_schema is not valid JSON: {error}") from None
+            if not isinstance(schema, dict):
+                raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        elif self.json_schema is not None:
+            if not isinstance(self.json_schema, dict):
+                raise ValueError(f"json_schema must be a dict or its JSON text, got {type(self.json_schema).__name__}")
+            try:
+                json.dumps(self.json_schema)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"json_schema cannot be written as JSON: {error}") from None
+        if not isinstance(self.json_object, bool):
+            raise ValueError(f"json_object must be True or False, got {self.json_object!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or not all(isinstance(c, str) and c for c in self.choice)):
+                raise ValueError(f"choice must be a non-empty list of non-empty strings, got {self.choice!r}")
+            self.choice = list(self.choice)
+
+    @property
+    def structured(self):
+        """What constrains this request's output, as (kind, text) (kind: "json_schema", "regex", "choice" (a
+        JSON list) or "grammar"); None when nothing does. Equal constraints give equal pairs."""
+        if self.json_schema is not None:
+            text = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)
+            return "json_schema", text
+        if self.json_object:
+            return "json_schema", '{"type": "object"}'
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "choice", json.dumps(self.choice)
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        return None
 
     @property
     def greedy(self):

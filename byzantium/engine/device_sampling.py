@@ -26,7 +26,8 @@ the kept tokens end exactly there.)
 """
 import torch
 
-from .sampling import gumbel_noise, request_key, stream
+from .grammar import apply_bitmask
+from .sampling import check_constraints, gumbel_noise, request_key, stream
 
 CANDIDATES = 1024
 NOISE_ROWS = 64
@@ -123,15 +124,17 @@ def _sample_rows(work, rows, params, keys, counters, vocab, width):
     return index, *_narrow(x, table[:, 2].long(), table[:, 3], lo, hi, width)
 
 
-def sample(logits, requests):
+def sample(logits, requests, allowed=None):
     """Pick one token per row of `logits` [N, V] (fp32) for `requests` (objects with .params,
-    .generator, .output_ids). Returns (tokens, logprobs) as sampling.sample does: logprobs[i] is None
-    or {token_id: log-probability} with the sampled token and the top `params.logprobs` tokens of the
-    unmodified distribution."""
+    .generator, .output_ids). allowed: None, or the grammar masks of the constrained rows (grammar.masks),
+    applied on the device in one masked fill. Returns (tokens, logprobs) as sampling.sample does:
+    logprobs[i] is None or {token_id: log-probability} with the sampled token and the top
+    `params.logprobs` tokens of the unmodified distribution."""
     n, vocab = logits.shape
     device = logits.device
     params = [r.params for r in requests]
-    work = _penalize(logits, requests)
+    check_constraints(requests, allowed)
+    work = _penalize(logits if allowed is None else apply_bitmask(logits, allowed), requests)
     tokens = work.argmax(dim=-1)  # greedy rows are done; sampled rows are overwritten below
     keys = [None if p.greedy else request_key(r) for p, r in zip(params, requests)]
     counters = [len(r.output_ids) for r in requests]

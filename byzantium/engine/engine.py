@@ -18,6 +18,7 @@ from .config import (DEFAULT_SPECULATIVE_ROWS, DEFAULT_SPECULATIVE_TOKENS, engin
                      resolve_dtype)
 from .device_sampling import sample as device_sample
 from .failures import EngineFailed, discard, fail, forward_isolating, isolate, shrink_budget
+from .grammar import Grammars, advance, masks
 from .kv_cache import BlockManager, allocate_kv_cache, kv_attention_backend, kv_cache_dtype
 from .layers import parallel
 from .loader import generation_config, load_tokenizer, resolve_model
@@ -78,6 +79,7 @@ class Engine(SyncAPI):
         self.attention_backend = kv_attention_backend(self.attention_backend, self.kv_cache_dtype, self.dtype,
                                                       self.device)
         self.eos_token_ids = self._eos_ids()
+        self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.eos_token_ids)  # structured outputs
         self.drafter = self._drafter(c.num_speculative_tokens, c.speculative_max_rows)
         self.profile = c.profile  # a step with prefill and decode rows runs them as two timed passes
         self.enforce_eager = c.enforce_eager  # CUDA: no decode graphs (runner.py, cuda_graphs.py)
@@ -207,13 +209,16 @@ class Engine(SyncAPI):
             seq = Sequence(self.new_request_id(), ids, None)
         if logits:
             seq.start_turn(None, None, logits_only=True)
+            seq.grammar = None
         else:
             params = SamplingParams() if params is None else params
             if not isinstance(params, SamplingParams):
                 raise TypeError(f"expected SamplingParams, got {type(params).__name__}")
             what = f"{prompt}" if isinstance(prompt, Session) else "this request"
             self._check_room(min(len(seq) + params.max_tokens, self.max_model_len), what)
+            grammar = self.grammars.start(params)  # its structured-output matcher (grammar.py); a bad one fails here
             seq.start_turn(params, make_generator(params.seed, self.device))
+            seq.grammar = grammar
         if isinstance(prompt, Session) and seq.num_computed == len(seq):
             # Every token computed (after a logits call): recompute the last one to get its logits again.
             seq.num_computed -= 1
@@ -350,15 +355,25 @@ class Engine(SyncAPI):
                            cached_tokens, cache_hits, phase_seconds=phase_seconds)
 
     def _sample(self, logits, index, seqs):
+        allowed = masks(seqs, logits.shape[1], pin=logits.is_cuda)  # structured outputs' grammars (grammar.py)
         if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)
             picked = logits if index == list(range(len(logits))) else logits.index_select(
                 0, torch.tensor(index, device=logits.device))
-            return device_sample(picked, seqs)
-        return sample(logits.index_select(0, torch.tensor(index, device=logits.device)), seqs)
+            tokens, logprobs = device_sample(picked, seqs, allowed)
+        else:
+            tokens, logprobs = sample(logits.index_select(0, torch.tensor(index, device=logits.device)), seqs, allowed)
+        if allowed is not None:
+            advance(seqs, tokens)
+        return tokens, logprobs
 
     def _check_stop(self, seq, token):
-        params = seq.params
-        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        params, grammar = seq.params, getattr(seq, "grammar", None)
+        if grammar is not None and grammar.error is not None:
+            seq.error, seq.finish_reason = ValueError(f"structured output: {grammar.error}"), "error"
+            return True
+        if grammar is not None and grammar.ended:  # complete, nothing more can follow (or it took EOS)
+            seq.finish_reason = "stop"
+        elif (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             seq.finish_reason = "stop"
         elif params.stop and self.tokenizer is not None:
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)

@@ -11,6 +11,7 @@ import torch
 
 from ..backends.params import SamplingParams  # noqa: F401 - the request vocabulary belongs to the LLM interface
 from ..kernels import cpu_ext
+from .grammar import apply_bitmask
 
 
 def make_generator(seed, device):
@@ -92,22 +93,36 @@ def _argmax(logits):
     return logits.argmax(dim=-1).tolist()
 
 
-def sample(logits, requests):
+def check_constraints(requests, allowed):
+    """A request with a structured-output constraint needs its grammar's mask (the engine computes it:
+    grammar.py); a sampler called without masks (another backend) refuses it rather than ignore it."""
+    masked = set(allowed[0]) if allowed is not None else set()
+    for i, request in enumerate(requests):
+        if i not in masked and getattr(request.params, "structured", None) is not None:
+            raise ValueError("structured outputs (json_schema, json_object, regex, choice, grammar) are enforced "
+                             "by the byzantium engine; this sampler was given no grammar mask for them")
+
+
+def sample(logits, requests, allowed=None):
     """Pick one token per row of `logits` [N, V] (fp32) for `requests` (objects with .params, .generator).
 
-    Returns (tokens, logprobs) where logprobs[i] is None or a dict token_id -> log-probability holding
-    the sampled token and the top `params.logprobs` tokens of the unmodified distribution.
+    allowed: None, or the grammar masks of the constrained rows (grammar.masks: row indices, bitmask): those
+    rows draw only among the tokens their grammar allows. Returns (tokens, logprobs) where logprobs[i] is
+    None or a dict token_id -> log-probability holding the sampled token and the top `params.logprobs`
+    tokens of the unmodified distribution (the model's, before any mask).
     """
+    check_constraints(requests, allowed)
+    work = logits if allowed is None else apply_bitmask(logits, allowed)
     # Greedy rows are done here, one argmax over all rows; sampled rows are drawn below.
-    tokens = _argmax(logits) if any(r.params.greedy for r in requests) else [0] * len(requests)
+    tokens = _argmax(work) if any(r.params.greedy for r in requests) else [0] * len(requests)
     for i, request in enumerate(requests):
         params = request.params
         penalized = params.presence_penalty or params.frequency_penalty
         if params.greedy:
             if penalized:
-                tokens[i] = int(_penalize(logits[i], request).argmax())
+                tokens[i] = int(_penalize(work[i], request).argmax())
             continue
-        row = (_penalize(logits[i], request) if penalized else logits[i]) / params.temperature
+        row = (_penalize(work[i], request) if penalized else work[i]) / params.temperature
         if params.top_k > 0 and params.top_k < row.numel():
             kth = torch.topk(row, params.top_k).values[-1]
             row = row.masked_fill(row < kth, float("-inf"))

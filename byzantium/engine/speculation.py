@@ -7,7 +7,9 @@ the context before it, exactly as a step of plain decoding would compute it, and
 logits. The engine then samples row after row with the request's own noise for that position
 (sampling.py: a request's i-th token races its logits against noise hashed from its key and i) and
 keeps a draft token only while it is the token sampled there. So the tokens are the ones decoding one
-at a time would have produced, at any temperature, and a step yields 1 to num_tokens + 1 of them.
+at a time would have produced, at any temperature, and a step yields 1 to num_tokens + 1 of them. A
+request with a structured-output grammar samples each row from its grammar's mask, its matcher advanced
+through the tokens kept before that row (grammar.py), so its drafts need no rollback either.
 Rejected drafts leave K/V past the sequence's computed length, which its next tokens overwrite; their
 blocks are never hashed into the prefix cache.
 
@@ -54,10 +56,14 @@ class PromptLookup:
 
 def draft_tokens(drafter, seq, k, max_model_len, blocks):
     """A decoding request's draft tokens for this step: at most k, none past its max_tokens or the model's
-    length, and only if their blocks are free (drafts never preempt anyone)."""
+    length, none its structured-output grammar refuses (grammar.py: such a draft could never equal the
+    token sampled from the grammar's mask), and only if their blocks are free (drafts never preempt anyone)."""
     k = min(k, drafter.num_tokens, seq.params.max_tokens - seq.num_output - 1,
             (max_model_len or len(seq) + k + 1) - len(seq) - 1)
     drafts = drafter.propose(seq, k) if k > 0 else []
+    grammar = getattr(seq, "grammar", None)
+    if drafts and grammar is not None:
+        drafts = drafts[:grammar.valid_prefix(drafts)]
     if drafts and blocks.blocks_needed(seq, len(seq) + len(drafts)) > blocks.num_free:
         return []
     return drafts
