@@ -486,18 +486,18 @@ def test_dropped_stream_frees_its_blocks(llm, http):
 # -- metrics -------------------------------------------------------------------------------------------------------
 def test_metrics(client, http):
     text = http.get("/metrics").text
-    for name in ("requests_total", "prompt_tokens_total", "cached_tokens_total", "generation_tokens_total",
-                 "running_sequences", "waiting_sequences", "kv_blocks_used", "step_seconds_total"):
-        assert re.search(rf"^byzantium_{name}[ {{]", text, re.M), name
-    assert re.search(r'^byzantium_step_seconds_total\{[^}]*phase="decode"', text, re.M)
-    assert re.search(r'^byzantium_requests_total\{[^}]*model="smollm2-135m"', text, re.M)
-    before = metric_total(text, "byzantium_requests_total")
-    generated = metric_total(text, "byzantium_generation_tokens_total")
+    for name in ("http_requests_total", "prompt_tokens_total", "prefix_cache_hits_total", "generation_tokens_total",
+                 "num_requests_running", "num_requests_waiting", "kv_blocks_used", "step_seconds_total"):
+        assert re.search(rf"^byzantium:{name}[ {{]", text, re.M), name
+    assert re.search(r'^byzantium:step_seconds_total\{[^}]*phase="decode"', text, re.M)
+    assert re.search(r'^byzantium:generation_tokens_total\{[^}]*model_name="smollm2-135m"', text, re.M)
+    before = metric_total(text, "byzantium:http_requests_total")
+    generated = metric_total(text, "byzantium:generation_tokens_total")
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
     r = http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    assert metric_total(r.text, "byzantium_requests_total") >= before + 1
-    assert metric_total(r.text, "byzantium_generation_tokens_total") >= generated + 1
+    assert metric_total(r.text, "byzantium:http_requests_total") >= before + 1
+    assert metric_total(r.text, "byzantium:generation_tokens_total") >= generated + 1
 
 
 # -- sessions (our extension) ----------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@
     with ServerThread(app) as url: ...              # uvicorn in a thread, on a free port (tests, embedding)
 
 Every request of every client becomes a request of its model's AsyncEngine, so concurrent clients share
-forward passes and the prefix cache. Endpoints: GET /health, GET /metrics (Prometheus), GET /v1/models,
-POST /v1/completions, POST /v1/chat/completions (both with stream, n, logprobs, usage with cached tokens),
+forward passes and the prefix cache. Endpoints: GET /health, GET /metrics (Prometheus, vLLM's names
+under `byzantium:`), GET /v1/models and /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions (both with stream, n, logprobs, usage with cached tokens),
 and our own /v1/sessions (open, append, continue, close), which keep an agent's context in the KV cache
 between turns so that round-robin over HTTP prefills only the new tokens.
 
@@ -13,9 +13,10 @@ The files, each importing only those below it:
     app.py        build_app, ServerThread, serve and the `byzantium serve` command
     routes.py     the routes and error handlers
     streaming.py  streamed choices as server-sent events
-    guard.py      the API key and body size middleware
-    state.py      the models served, admission, prompts, running requests, usage
-    metrics.py    the Prometheus metrics
+    guard.py      the middleware: arrival time, request counts, 503 while stopping, API key, body size
+    state.py      the models served, admission, prompts (tokenized off the event loop), running and
+                  aborting requests, usage, the shutdown timeout
+    metrics.py    the Prometheus metrics and each engine request's timing
     responses.py  ids, finish reasons, logprobs, text deltas, events
     schemas.py    request bodies, their sampling params, the error shape
 """

@@ -1,5 +1,9 @@
 """Building the server's app, running it (ServerThread: uvicorn in a thread; serve: until interrupted),
-and the `byzantium serve` command's flags."""
+and the `byzantium serve` command's flags.
+
+Shutting down (Ctrl+C, SIGTERM, ServerThread's exit): the listening socket closes and new requests get
+503; requests in flight have the shutdown timeout to end, then each gets a 503 `server_shutting_down`
+(a stream: that error as its last event, then [DONE]) and is aborted; then the process exits."""
 from __future__ import annotations
 
 import threading
@@ -13,23 +17,46 @@ from .routes import add_routes
 from .state import Server
 
 
-def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024) -> FastAPI:
-    """The app for {served name: NativeLLM}; api_key set: every /v1 route wants `Authorization: Bearer KEY`."""
-    server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions)
+def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024,
+              shutdown_timeout=30.0) -> FastAPI:
+    """The app for {served name: NativeLLM}; api_key set: every /v1 route wants `Authorization: Bearer KEY`;
+    shutdown_timeout: seconds requests in flight get to end once a shutdown begins."""
+    server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout)
     app = FastAPI(title="Byzantium", docs_url=None, redoc_url=None)
     app.state.server = server
     add_routes(app, server)
     return app
 
 
-class ServerThread:
-    """uvicorn serving `app` in a background thread (port 0: a free port); the context gives its base URL."""
+GRACE_S = 5  # uvicorn cancels what is left this long after the shutdown timeout (the requests have ended by then)
 
-    def __init__(self, app, host="127.0.0.1", port=0, log_level="warning"):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                                    timeout_graceful_shutdown=2))
+
+class Uvicorn(uvicorn.Server):
+    """uvicorn that tells the app when a shutdown begins, so that requests in flight get the app's shutdown
+    timeout and then a 503 (uvicorn's own graceful timeout, a few seconds later, is the backstop)."""
+
+    def __init__(self, app, **config):
+        server = app.state.server
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=server.shutdown_timeout + GRACE_S, **config))
+
+    async def shutdown(self, sockets=None):
+        server = self.config.app.state.server
+        server.begin_shutdown()
+        await super().shutdown(sockets)
+        await server.drain(GRACE_S)
+
+
+
+class ServerThread:
+    """uvicorn serving `app` in a background thread (port 0: a free port); the context gives its base URL.
+    shutdown_timeout (default: the app's) bounds how long requests in flight may keep the exit waiting."""
+
+    def __init__(self, app, host="127.0.0.1", port=0, log_level="warning", shutdown_timeout=None):
+        if shutdown_timeout is not None:
+            app.state.server.shutdown_timeout = shutdown_timeout
+        self.server = Uvicorn(app, host=host, port=port, log_level=log_level)
         self.thread = threading.Thread(target=self.server.run, name="byzantium-server", daemon=True)
-        self.host = host
+        self.host, self.join_s = host, app.state.server.shutdown_timeout + GRACE_S + 5
 
     def __enter__(self):
         self.thread.start()
@@ -44,7 +71,7 @@ class ServerThread:
 
     def __exit__(self, *exc):
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=self.join_s)
 
 
 def add_serve_args(ap):
@@ -63,6 +90,9 @@ def add_serve_args(ap):
                     help="requests a model may have waiting for a place in the batch; more get 429 (default 512)")
     ap.add_argument("--max-body-mb", type=float, default=8, help="largest request body in MiB; larger get 413 (default 8)")
     ap.add_argument("--max-sessions", type=int, default=1024, help="open /v1/sessions at most (default 1024)")
+    ap.add_argument("--shutdown-timeout", type=float, default=30, metavar="S",
+                    help="on shutdown, seconds requests in flight get to end before each gets a 503 "
+                         "(server_shutting_down) and the process exits (default 30)")
 
 
 def cmd_serve(args):
@@ -77,6 +107,8 @@ def cmd_serve(args):
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.max_body_mb <= 0:
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
+    if not args.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     split = split_kwargs(args)
     for name in models:
         check_model(name)
@@ -86,15 +118,16 @@ def cmd_serve(args):
                                 ("num_speculative_tokens", args.num_speculative_tokens)) if v is not None}
     engine.update(split)
     serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
-          args.max_sessions, max_num_seqs=args.max_num_seqs, **engine)
+          args.max_sessions, args.shutdown_timeout, max_num_seqs=args.max_num_seqs, **engine)
 
 
 def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, max_body_bytes=8 << 20,
-          max_sessions=1024, **engine_kwargs):
-    """Load each model (served under the name given) and serve them until interrupted."""
+          max_sessions=1024, shutdown_timeout=30.0, **engine_kwargs):
+    """Load each model (served under the name given) and serve them until interrupted; then requests in
+    flight get shutdown_timeout seconds, the engines close and this returns."""
     with LLMPool("native", **engine_kwargs) as pool:
         llms = {name: pool.get(name) for name in models}
         print(f"serving {', '.join(llms)} on http://{host}:{port}/v1", flush=True)
-        uvicorn.run(build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions), host=host, port=port,
-                    log_level="info")
+        app = build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout)
+        Uvicorn(app, host=host, port=port, log_level="info").run()
 

@@ -12,11 +12,14 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..backends.params import SamplingParams
 
 MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's limit)
+MAX_STOP = 4  # the most stop strings a request may give (OpenAI's limit)
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what a 64-bit generator seed holds
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's message roles
 
 
 # -- errors ------------------------------------------------------------------------------------------------
@@ -42,7 +45,8 @@ def validation_error_response(error: RequestValidationError):
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = loc[0] if loc else None
     where = ".".join(loc) if loc else "the request body"
-    return error_response(400, f"{where}: {first.get('msg', 'invalid value')}", param=param)
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    return error_response(400, f"{where}: {message}", param=param)
 
 
 # -- request bodies (unknown fields ignored) ---------------------------------------------------------------
@@ -50,20 +54,27 @@ class Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(0, ge=-1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     n: int = Field(1, ge=1, le=64)
     stream: bool = False
     stream_options: dict | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, stop):
+        if isinstance(stop, list) and len(stop) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stop)}")
+        return stop
 
 
 class CompletionRequest(Sampling):
@@ -111,6 +122,9 @@ class SessionContinue(Sampling):
 
 def sampling_params(body, max_tokens, logprobs, index=0):
     """SamplingParams of choice `index`: with a seed, choice i samples with seed + i (distinct choices)."""
+    if body.seed is not None and body.seed + index > SEED_MAX:
+        raise APIError(400, f"seed + {index} (choice {index} of n) is past 2**64 - 1; give a smaller seed",
+                       param="seed")
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,

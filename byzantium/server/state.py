@@ -1,16 +1,48 @@
 """What the server holds and the request logic its routes share: the models served (Served), admission
-(429 when a model's queue is full), context length checks, prompts and chat messages to token ids,
-running non-streamed requests, and usage counts."""
+(429 when a model's queue is full), context length checks, prompts and chat messages to token ids (on a
+worker thread, never on the event loop), running requests (observed for the metrics, aborted when the
+client goes away or the shutdown timeout runs out), and usage counts."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 
 from ..engine.chat import ChatTemplateError, render_chat
+from ..engine.sequence import Status
 from .metrics import Metrics
-from .schemas import APIError
+from .schemas import ROLES, APIError
 
 KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
+TOKEN_CHARS_FALLBACK = 64  # characters a token may cover, for a tokenizer whose vocabulary cannot be read
+
+# One worker thread per tokenizer: tokenizing and chat-template rendering leave the event loop, and the
+# calls on one tokenizer never overlap (HF fast tokenizers are not safe for concurrent calls on one
+# instance). Keyed by the tokenizer object (kept here, so its id is never reused); None: models that have
+# no tokenizer (token-id prompts, checked on the worker too).
+_WORKERS: dict[int, tuple[object, ThreadPoolExecutor]] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def tokenizer_worker(tokenizer) -> ThreadPoolExecutor:
+    with _WORKERS_LOCK:
+        entry = _WORKERS.get(id(tokenizer))
+        if entry is None or entry[0] is not tokenizer:
+            entry = _WORKERS[id(tokenizer)] = (tokenizer, ThreadPoolExecutor(1, thread_name_prefix="byzantium-tokenize"))
+        return entry[1]
+
+
+def longest_token(tokenizer) -> int:
+    """Characters of the vocabulary's longest token: no token covers more characters of text (byte-level
+    BPE spells a token one character a byte; SentencePiece one character a character, "<0x..>" for a
+    byte), so a text of C characters has at least C / this many tokens."""
+    try:
+        return max(map(len, tokenizer.get_vocab()), default=1) or 1
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: a generous constant
+        return TOKEN_CHARS_FALLBACK
 
 
 class Served:
@@ -21,6 +53,9 @@ class Served:
         self.engine.engine.step_records.keep_records = KEEP_STEP_RECORDS
         self.created = int(time.time())
         self.in_flight = 0  # engine requests this server admitted and that have not ended
+        tokenizer = llm.tokenizer
+        self.worker = tokenizer_worker(tokenizer)
+        self.token_chars = longest_token(tokenizer) if tokenizer is not None else TOKEN_CHARS_FALLBACK
 
     @property
     def waiting(self):
@@ -31,18 +66,30 @@ class Served:
     def max_model_len(self):
         return self.engine.engine.max_model_len
 
+    async def on_worker(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on this model's tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.worker, functools.partial(fn, *args, **kwargs))
+
+    def card(self):
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "byzantium",
+                "max_model_len": self.max_model_len}
+
 
 class Server:
     """What every route works on: the models served, the open sessions, the limits and the metrics."""
 
-    def __init__(self, llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024):
+    def __init__(self, llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024,
+                 shutdown_timeout=30.0):
         if not llms:
             raise ValueError("a server needs at least one model")
         self.models = {name: Served(name, llm) for name, llm in llms.items()}
         self.api_key, self.max_waiting, self.max_body_bytes = api_key, max_waiting, max_body_bytes
-        self.max_sessions = max_sessions
+        self.max_sessions, self.shutdown_timeout = max_sessions, shutdown_timeout
         self.sessions = {}  # id -> (Served, Session)
         self.metrics = Metrics(self)
+        self.stopping = False  # a shutdown began: new requests get 503
+        self._expired = None  # a future of the loop, done when the shutdown timeout ran out
+        self._on_expiry = set()  # callbacks of the streams in flight
 
     # -- checks ----------------------------------------------------------------------------------------
     def model(self, name) -> Served:
@@ -59,12 +106,24 @@ class Server:
                            type="rate_limit_exceeded", code="rate_limit_exceeded")
 
     @staticmethod
-    def check_length(served, ids, max_tokens, param):
+    def check_length(served, num_tokens, max_tokens, param, where="prompt"):
         limit = served.max_model_len
-        if len(ids) >= limit or (max_tokens is not None and len(ids) + max_tokens > limit):
+        if num_tokens >= limit or (max_tokens is not None and num_tokens + max_tokens > limit):
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                                f"{len(ids) + (max_tokens or 0)} tokens ({len(ids)} in the {param}, "
+                                f"{num_tokens + (max_tokens or 0)} tokens ({num_tokens} in the {where}, "
                                 f"{max_tokens or 0} for the completion). Please reduce the length.",
+                           param=param, code="context_length_exceeded")
+
+    @staticmethod
+    def check_chars(served, num_chars, param, room=None, where="prompt"):
+        """Before tokenizing: text longer than `room` tokens (default: the context) could ever hold, at the
+        most characters any one token covers, is refused without being tokenized."""
+        room = served.max_model_len if room is None else room
+        if num_chars > room * served.token_chars:
+            raise APIError(400, f"This model's maximum context length is {served.max_model_len} tokens. The "
+                                f"{where} has {num_chars} characters, more than {room} tokens can hold (no "
+                                f"token of this model covers more than {served.token_chars} characters), so "
+                                f"it was refused without being tokenized. Please reduce the length.",
                            param=param, code="context_length_exceeded")
 
     def session(self, session_id):
@@ -74,67 +133,191 @@ class Server:
                            code="session_not_found")
         return self.sessions[session_id]
 
-    # -- prompts ---------------------------------------------------------------------------------------
-    def completion_prompts(self, served, body):
+    @staticmethod
+    def check_idle(session, session_id):
+        if session.seq.status is not Status.IDLE:
+            raise APIError(409, f"session `{session_id}` has a request in flight; wait for it to end",
+                           param="session_id", code="session_busy")
+
+    # -- prompts (tokenized on the model's tokenizer thread) ----------------------------------------------
+    async def completion_prompts(self, served, body):
         prompt = body.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
         if not prompt:
             raise APIError(400, "prompt is empty", param="prompt")
-        out = []
-        for p in prompt:
-            try:
-                out.append(served.engine.engine.encode(p))
-            except ValueError as error:
-                raise APIError(400, str(error), param="prompt")
-        return out
+        for p in prompt:  # what can be judged without tokenizing, first
+            if isinstance(p, str):
+                self.check_chars(served, len(p), "prompt")
+            else:
+                self.check_length(served, len(p), body.max_tokens, "prompt")
+        encode = served.engine.engine.encode
+        try:
+            ids_list = await served.on_worker(lambda: [encode(p) for p in prompt])
+        except ValueError as error:
+            raise APIError(400, str(error), param="prompt")
+        for ids in ids_list:
+            self.check_length(served, len(ids), body.max_tokens, "prompt")
+        return ids_list
 
-    def chat_ids(self, served, messages, template_kwargs, param="messages"):
-        conversation = []
+    async def prompt_ids(self, served, prompt, max_tokens=None, param="prompt"):
+        """One prompt (text or token ids) to token ids, checked against the context."""
+        if isinstance(prompt, str):
+            self.check_chars(served, len(prompt), param)
+        else:
+            self.check_length(served, len(prompt), max_tokens, param)
+        try:
+            ids = await served.on_worker(served.engine.engine.encode, prompt)
+        except ValueError as error:
+            raise APIError(400, str(error), param=param)
+        self.check_length(served, len(ids), max_tokens, param)
+        return ids
+
+    async def chat_ids(self, served, messages, template_kwargs, max_tokens=None, param="messages"):
+        conversation, chars = [], 0
         for i, m in enumerate(messages):
+            if m.role not in ROLES:
+                raise APIError(400, f"messages[{i}].role: unknown role {m.role!r}; the roles are "
+                                    f"{', '.join(ROLES)}", param=f"messages[{i}].role", code="invalid_value")
             content = m.content
             if isinstance(content, list):  # content parts: only text ones can be served here
                 if any(part.get("type") != "text" for part in content):
                     raise APIError(400, "only text content parts are supported", param=f"messages[{i}].content")
-                content = "".join(part.get("text", "") for part in content)
+                content = "".join(str(part.get("text", "")) for part in content)
             message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
             if m.untrusted is not None:
                 message["untrusted"] = m.untrusted
+            chars += len(message["content"])
             conversation.append(message)
         if served.llm.tokenizer is None:
             raise APIError(400, f"model `{served.name}` has no tokenizer, so no chat template", param="model")
+        self.check_chars(served, chars, param, where="messages' content")
         try:
-            return render_chat(served.llm.tokenizer, conversation, **(template_kwargs or {}))
+            ids = await served.on_worker(render_chat, served.llm.tokenizer, conversation, **(template_kwargs or {}))
         except (ChatTemplateError, TypeError, ValueError) as error:
             raise APIError(400, f"the chat template cannot render these messages: {error}", param=param)
         except Exception as error:  # jinja2 errors raised by the template itself (e.g. "roles must alternate")
             raise APIError(400, f"the chat template refused these messages: {error}", param=param)
+        self.check_length(served, len(ids), max_tokens, param, where="messages")
+        return ids
 
-    # -- running requests ----------------------------------------------------------------------------
-    async def generate(self, served, request, ids_list, param_lists):
-        """Non-streamed: every (prompt, choice) as one engine request; a client gone cancels them."""
-        prompts = [ids for ids, params in zip(ids_list, param_lists) for _ in params]
-        params = [p for params in param_lists for p in params]
-        self.admit(served, len(prompts))
-        served.in_flight += len(prompts)
+    async def append_ids(self, served, session, text, token_ids):
+        """Token ids to append to a session: text tokenized as plain text (no special tokens parsed)."""
+        room = served.max_model_len - session.num_tokens
+        if text is not None:
+            self.check_chars(served, len(text), "text", room=room, where="appended text")
+            if served.llm.tokenizer is None:
+                raise APIError(400, f"model `{served.name}` has no tokenizer: append token_ids", param="text")
+            return await served.on_worker(served.llm.encode_plain, text)
+        self.check_length(served, session.num_tokens + len(token_ids), None, "token_ids", where="session")
+        return token_ids
+
+    # -- running requests ------------------------------------------------------------------------------
+    async def tracked(self, served, prompt, params, arrival, count_prompt=True, tag="serve"):
+        """The engine stream of one request (token ids, or a Session for a turn), each step's Sequence
+        observed for the metrics; counted when it ends, however it ends (an aborted one: the tokens it had)."""
+        track, seq = self.metrics.track(served, arrival, count_prompt), None
         try:
-            task = asyncio.ensure_future(served.engine.generate(prompts, params, tag="serve"))
-            while not task.done():
-                await asyncio.wait([task], timeout=0.5)
-                if not task.done() and await request.is_disconnected():
-                    task.cancel()  # AsyncEngine aborts the requests and frees their blocks
-            return task.result()
-        except asyncio.CancelledError:
-            raise APIError(499, "the client closed the connection", code="client_closed")
+            async with aclosing(served.engine.stream(prompt, params, tag=tag)) as stream:
+                async for seq in stream:
+                    track.observe(seq)
+                    yield seq
+        finally:
+            track.end(seq)
+
+    async def run_one(self, served, prompt, params, arrival, count_prompt=True, tag="serve"):
+        """One request to its end; its RequestOutput."""
+        seq = None
+        async with aclosing(self.tracked(served, prompt, params, arrival, count_prompt, tag)) as seqs:
+            async for seq in seqs:
+                pass
+        return served.engine.output(seq)
+
+    async def wait(self, request, coros):
+        """Run the coroutines (one request's engine requests) together and return their results. The client
+        gone: they are cancelled (aborted, their blocks freed) and 499; the shutdown timeout run out: the
+        same, and 503. One failing: the others are cancelled and its error raised."""
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        together = asyncio.gather(*tasks)
+        together.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if unread
+        try:
+            while not together.done():
+                await asyncio.wait([together, self.expiry()], timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                if together.done():
+                    break
+                if self.expired:
+                    raise self.shutdown_error()
+                if request is not None and await request.is_disconnected():
+                    raise APIError(499, "the client closed the connection", code="client_closed")
+            return together.result()
+        finally:
+            for task in tasks:
+                task.cancel()  # no-op for those that ended; the others abort their engine requests
+            await asyncio.wait(tasks)
+
+    async def generate(self, served, request, ids_list, param_lists, arrival):
+        """Non-streamed: every (prompt, choice) as one engine request; a client gone cancels them."""
+        jobs = [(ids, p, j == 0) for ids, params in zip(ids_list, param_lists) for j, p in enumerate(params)]
+        self.admit(served, len(jobs))
+        served.in_flight += len(jobs)
+        try:
+            return await self.wait(request, [self.run_one(served, ids, p, arrival, first) for ids, p, first in jobs])
         except ValueError as error:
             raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else None)
         finally:
-            served.in_flight -= len(prompts)
+            served.in_flight -= len(jobs)
 
     def count(self, served, outs, prompt_lens, n):
         """usage: prompt tokens once per prompt; cached tokens as the first choice of each prompt found them."""
         cached = sum(outs[i * n].num_cached_tokens for i in range(len(prompt_lens)))
         generated = sum(len(o.token_ids) for o in outs)
-        self.metrics.tokens(served.name, sum(prompt_lens), cached, generated)
         return {"prompt_tokens": sum(prompt_lens), "completion_tokens": generated,
                 "total_tokens": sum(prompt_lens) + generated, "prompt_tokens_details": {"cached_tokens": cached}}
+
+    # -- shutdown ----------------------------------------------------------------------------------------
+    def expiry(self):
+        """A future of the running loop, done when the shutdown timeout has run out."""
+        loop = asyncio.get_running_loop()
+        if self._expired is None or self._expired.get_loop() is not loop:
+            self._expired = loop.create_future()
+        return self._expired
+
+    @property
+    def expired(self):
+        return self._expired is not None and self._expired.done()
+
+    def shutdown_error(self):
+        return APIError(503, f"the server is shutting down and this request did not end within the shutdown "
+                             f"timeout ({self.shutdown_timeout:g} s); it was aborted", type="server_error",
+                        code="server_shutting_down")
+
+    def on_expiry(self, callback):
+        """Call callback() when the shutdown timeout runs out (now, if it has); returns the unregister."""
+        if self.expired:
+            callback()
+            return lambda: None
+        self._on_expiry.add(callback)
+        return lambda: self._on_expiry.discard(callback)
+
+    async def drain(self, timeout):
+        """After the requests ended at a shutdown: wait (at most `timeout` s) until no engine holds a request,
+        so that those aborted at the shutdown timeout leave their engines before the event loop ends."""
+        deadline = time.monotonic() + timeout
+        while any(s.engine.engine.has_work() for s in self.models.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    def begin_shutdown(self):
+        """On the event loop, when the server begins to stop: new requests get 503; those in flight have
+        shutdown_timeout seconds to end, then get 503 (a stream: an error event) and are aborted."""
+        if self.stopping:
+            return
+        self.stopping = True
+        expired, loop = self.expiry(), asyncio.get_running_loop()
+
+        def expire():
+            if not expired.done():
+                expired.set_result(None)
+            for callback in list(self._on_expiry):
+                callback()
+            self._on_expiry.clear()
+        loop.call_later(max(0.0, self.shutdown_timeout), expire)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from contextlib import aclosing
 
 from .responses import TextStream, chat_logprobs, completion_logprobs, finish_reason, new_id, sse
 from .schemas import error_body
 
 
-def stream_choices(server, served, body, ids_list, params, object_name, echo=None):
+def stream_choices(server, served, body, ids_list, params, object_name, arrival, echo=None):
     """Server-sent events for every (prompt, choice): chunks as tokens arrive, then usage, then [DONE].
-    Closing the response early (a client gone) closes every choice's engine stream: aborted, freed."""
+    Closing the response early (a client gone) closes every choice's engine stream: aborted, freed. The
+    shutdown timeout running out ends the stream with an error event (server_shutting_down), then [DONE]."""
     chat = object_name == "chat.completion.chunk"
     rid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
     count = sum(len(p) for p in params)
@@ -29,26 +31,28 @@ def stream_choices(server, served, body, ids_list, params, object_name, echo=Non
     queue = asyncio.Queue()
     tok = served.llm.tokenizer
     top = params[0][0].logprobs
+    n = len(params[0])
 
     async def run(index, ids, p):
         text = TextStream(tok, p.stop)
         sent_tokens = 0
         try:
-            async for seq in served.engine.stream(ids, p, tag="serve"):
-                ended = seq.finish_reason is not None
-                out = served.engine.output(seq) if ended else None
-                token_ids = list(seq.output_ids)
-                delta = text.delta(token_ids, out.text if ended else None)
-                new_tokens, sent_tokens = token_ids[sent_tokens:], len(token_ids)
-                if delta or ended or (top is not None and new_tokens):
-                    logprobs = None
-                    if top is not None:
-                        lps = list(seq.logprobs)[len(token_ids) - len(new_tokens):len(token_ids)]
-                        as_ids = body.return_tokens_as_token_ids
-                        logprobs = (chat_logprobs(tok, new_tokens, lps, top, as_ids) if chat else
-                                    completion_logprobs(tok, new_tokens, lps, top, as_ids, len(text.sent) - len(delta)))
-                    await queue.put((index, delta, finish_reason(seq.finish_reason) if ended else None, logprobs,
-                                     new_tokens, out))
+            async with aclosing(server.tracked(served, ids, p, arrival, index % n == 0)) as seqs:
+                async for seq in seqs:
+                    ended = seq.finish_reason is not None
+                    out = served.engine.output(seq) if ended else None
+                    token_ids = list(seq.output_ids)
+                    delta = text.delta(token_ids, out.text if ended else None)
+                    new_tokens, sent_tokens = token_ids[sent_tokens:], len(token_ids)
+                    if delta or ended or (top is not None and new_tokens):
+                        logprobs = None
+                        if top is not None:
+                            lps = list(seq.logprobs)[len(token_ids) - len(new_tokens):len(token_ids)]
+                            as_ids = body.return_tokens_as_token_ids
+                            logprobs = (chat_logprobs(tok, new_tokens, lps, top, as_ids) if chat else
+                                        completion_logprobs(tok, new_tokens, lps, top, as_ids, len(text.sent) - len(delta)))
+                        await queue.put((index, delta, finish_reason(seq.finish_reason) if ended else None, logprobs,
+                                         new_tokens, out))
         except Exception as error:  # noqa: BLE001 - reported in the stream, the others go on
             await queue.put((index, None, "error", str(error), [], None))
         finally:
@@ -61,12 +65,12 @@ def stream_choices(server, served, body, ids_list, params, object_name, echo=Non
         return sse(data)
 
     async def events():
-        n = len(params[0])
         tasks = []
         for i, (ids, ps) in enumerate(zip(ids_list, params)):
             for j, p in enumerate(ps):
                 tasks.append(asyncio.create_task(run(i * n + j, ids, p)))
         outs, running = {}, len(tasks)
+        unregister = server.on_expiry(lambda: queue.put_nowait((None, None, "shutdown", None, None, None)))
         try:
             if chat:
                 yield chunk([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -82,6 +86,10 @@ def stream_choices(server, served, body, ids_list, params, object_name, echo=Non
                 if finish == "error":
                     yield sse(error_body(logprobs, "server_error"))
                     continue
+                if finish == "shutdown":
+                    error = server.shutdown_error()
+                    yield sse(error_body(error.message, error.type, code=error.code))
+                    break
                 if out is not None:
                     outs[index] = out
                 if chat:
@@ -99,6 +107,7 @@ def stream_choices(server, served, body, ids_list, params, object_name, echo=Non
                     yield chunk([], usage)
             yield "data: [DONE]\n\n"
         finally:
+            unregister()
             release()
             for task in tasks:
                 task.cancel()
