@@ -65,8 +65,8 @@ def params_from_config(config) -> tuple[str, dict]:
         models = c.get("models") or []
         params = dict(task=c.get("task"), data=c.get("data"), corrupt=corrupt, agents=n,
                       pattern=f"{corrupt}c{n - corrupt}t", chunk=c.get("k"), trajectories=c.get("m"),
-                      max_len=c.get("max_len"), attack=c.get("attack"), temperature=c.get("temperature"),
-                      seed=c.get("seed"))
+                      max_len=c.get("max_len"), attack=c.get("attack"), attack_mode=c.get("attack_mode"),
+                      candidates=c.get("candidates"), temperature=c.get("temperature"), seed=c.get("seed"))
         if len(set(models)) == 1:
             params["model"] = models[0]
         elif models:

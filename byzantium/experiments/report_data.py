@@ -7,11 +7,13 @@ experiments/resilience_table.resilience_report.
 """
 import re
 
+from ..protocols.attacks import ATTACK_MODES
+from ..protocols.byzantine import ADVERSARY_MODES
 from ..protocols.metrics import rr as rr_metrics
 from ..protocols.metrics.intervals import diff_ci, mean_ci, mean_of_means_ci, ratio_ci
 from .report_cells import BYZANTINE, covers, parse_failures, published_for, sac_metrics, value
 
-RR_ONLY = ("chunk", "trajectories", "order")  # settings MAJ does not have
+RR_ONLY = ("chunk", "trajectories", "order", "attack_mode", "candidates")  # settings MAJ does not have
 SWEPT = ("corrupt", "pattern")
 ENGINE = ("decode_tokens", "prefill_tokens", "cached_tokens")
 
@@ -76,23 +78,37 @@ def _consensus(cells, methods=("maj", "rrmaj")):
     return [c for c in cells if c.method in methods and c.records]
 
 
+def attack_mode(cell):
+    """An RR/RRMaj cell's attack mode: how its corrupted agents wrote ("inject", the paper's, when the run
+    recorded none); None for other methods."""
+    return (cell.params.get("attack_mode") or "inject") if cell.method in ("rr", "rrmaj") else None
+
+
+def _rr_key(cell, drop=()):
+    """_key with the attack mode spelled out (a run of the paper's mode does not record it)."""
+    mode = attack_mode(cell)
+    return _key(cell.params if mode is None else {**cell.params, "attack_mode": mode}, drop)
+
+
 def corruption_sweep(cells) -> list:
-    """One group per setting (task, attack, model, ..., and for RRMaj its K and M): MAJ and RRMaj by
-    number of corrupted agents c, and Δ = RRMaj - MAJ paired over problems. Groups with fewer than two
-    values of c are left out (no sweep)."""
+    """One group per setting (task, attack, model, ..., and for RRMaj its K, M and attack mode): MAJ and
+    RRMaj by number of corrupted agents c, and Δ = RRMaj - MAJ paired over problems. Groups with fewer than
+    two values of c are left out (no sweep). MAJ has no attack mode: one MAJ setting is the baseline of
+    each RRMaj attack mode's group; when several modes were run, the groups go by setting, then by mode,
+    their labels name the mode and each mode gets its own average."""
     cs = _consensus(cells)
     rr = [c for c in cs if c.method == "rrmaj"]
     maj = [c for c in cs if c.method == "maj"]
     heads = {}  # group key -> the RRMaj setting (or MAJ's alone when no RRMaj shares its base)
     for c in rr:
-        heads.setdefault(_key(c.params, SWEPT), c)
+        heads.setdefault(_rr_key(c, SWEPT), c)
     for c in maj:
         if not any(_key(r.params, SWEPT + RR_ONLY) == _key(c.params, SWEPT + RR_ONLY) for r in rr):
             heads.setdefault(_key(c.params, SWEPT), c)
     groups = []
     for key, head in heads.items():
         base = _key(head.params, SWEPT + RR_ONLY)
-        mine = [c for c in rr if _key(c.params, SWEPT) == key]
+        mine = [c for c in rr if _rr_key(c, SWEPT) == key]
         theirs = [c for c in maj if _key(c.params, SWEPT + RR_ONLY) == base]
         n = head.params.get("agents")
         by_c = {}
@@ -106,18 +122,29 @@ def corruption_sweep(cells) -> list:
             cols.append(dict(c=k, label=rr_metrics.config_label(k, n), maj=m, rrmaj=r,
                              maj_ci=ci(m) if m else None, rrmaj_ci=ci(r) if r else None,
                              delta=diff_ci(per_problem(m), per_problem(r)) if m and r else None))
-        groups.append(dict(head=head, n=n, columns=cols))
+        groups.append(dict(head=head, n=n, columns=cols, mode=attack_mode(head)))
+    modes = list(dict.fromkeys(g["mode"] for g in groups if g["mode"] is not None))
     for g in groups:
-        g["label"] = label([h["head"] for h in groups], g["head"], SWEPT)
+        g["label"] = label([h["head"] for h in groups], g["head"], SWEPT + ("attack_mode", "candidates"))
+        if len(modes) > 1 and g["mode"] is not None:
+            extra = f" x{g['head'].params['candidates']}" if g["mode"] == "logprob" and \
+                g["head"].params.get("candidates") else ""
+            g["label"] += f", attack mode={g['mode']}{extra}"
+    if len(modes) > 1:  # by setting, then by mode in ATTACK_MODES' order
+        order = {m: i for i, m in enumerate(ATTACK_MODES)}
+        groups.sort(key=lambda g: (g["label"].rsplit(", attack mode=", 1)[0], order.get(g["mode"], len(order))))
     same_n = [g for g in groups if g["n"] == groups[0]["n"]] if groups else []
-    if len(same_n) > 1:
-        groups.append(_average(same_n))
+    for mode in (modes if len(modes) > 1 else [None]):
+        mine = [g for g in same_n if mode is None or g["mode"] == mode]
+        if len(mine) > 1:
+            groups.append(_average(mine, mode if len(modes) > 1 else None))
     return groups
 
 
-def _average(groups):
+def _average(groups, mode=None):
     """The groups' mean per column (as the paper's Average rows), each group's problems resampled on
-    their own; Δ averages the groups' paired differences."""
+    their own; Δ averages the groups' paired differences. mode: the attack mode they share, named in the
+    label when several were run."""
     cols = []
     for k in sorted({c["c"] for g in groups for c in g["columns"]}):
         mine = [c for g in groups for c in g["columns"] if c["c"] == k]
@@ -128,7 +155,8 @@ def _average(groups):
         pairs = [(per_problem(c["maj"]), per_problem(c["rrmaj"])) for c in mine if c["maj"] and c["rrmaj"]]
         col["delta"] = mean_of_means_ci([[b[i] - a[i] for i in a if i in b] for a, b in pairs]) if pairs else None
         cols.append(col)
-    return dict(head=None, n=groups[0]["n"], columns=cols, label=f"Average of {len(groups)}")
+    return dict(head=None, n=groups[0]["n"], columns=cols, mode=mode,
+                label=f"Average of {len(groups)}" + (f", attack mode={mode}" if mode else ""))
 
 
 def scaling(cells, m_max=40, trials=50, seed=0) -> list:
@@ -243,6 +271,34 @@ def byzantine(cells) -> list:
                      for g in ("weak", "strong") if any(m["acc"][g][0] is not None for m in ms)}
         out.append(dict(cell=c, metrics={k: mean_ci([m[k] for m in ms]) for k in HEADLINE}, rounds=per_round,
                         published={k: published_for(c, k) for k in HEADLINE}))
+    return out
+
+
+ADVERSARY_METRICS = ("BFTI", "H-Majority")
+
+
+def by_adversary(cells) -> list:
+    """SAC/CP-WBFT settings run under two or more adversary modes (every other param equal, the topology
+    included, so one group per topology): per group its modes in ADVERSARY_MODES' order, each with BFTI
+    and H-Majority (95% CI over problems)."""
+    runs = byzantine(cells)
+    groups = {}
+    for r in runs:
+        c = r["cell"]
+        key = (c.method, _key(c.params, ("adversary", "adversary_model")))
+        mode = c.params.get("adversary") or ("none" if c.params.get("byzantine") == 0 else "fixed")
+        groups.setdefault(key, {})[mode] = r
+    order = {m: i for i, m in enumerate(ADVERSARY_MODES)}
+    heads = [r["cell"] for g in groups.values() for r in g.values()]
+    out = []
+    for (method, _), g in groups.items():
+        if len(g) < 2:
+            continue
+        head = next(iter(g.values()))["cell"]
+        out.append(dict(method=method, topology=head.params.get("topology"),
+                        label=label(heads, head, ("adversary", "adversary_model", "topology")),
+                        modes={m: {k: g[m]["metrics"][k] for k in ADVERSARY_METRICS}
+                               for m in sorted(g, key=lambda m: order.get(m, len(order)))}))
     return out
 
 

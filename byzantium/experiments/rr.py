@@ -17,7 +17,7 @@ trajectories (RRMaj) are copies of each other by construction is refused unless 
 import json
 from pathlib import Path
 
-from ..protocols.attacks import ATTACKS, make_agents
+from ..protocols.attacks import ATTACK_MODES, ATTACKS, CANDIDATES, make_agents
 from ..protocols.round_robin import ORDERS, round_robin, rr_majority, speaking_order
 from ..protocols.rr_prompts import TEMPERATURE
 from ..protocols.voting import majority_vote
@@ -62,11 +62,11 @@ def identical_by_construction(method, models, corrupted, m, order, temperature):
 
 
 def check_config(method, n, corrupt, k, m, max_len, attack, temperature, order="shuffle", models=None,
-                 corrupted=None, allow_identical=False):
+                 corrupted=None, allow_identical=False, attack_mode="inject", candidates=CANDIDATES):
     """ValueError naming the bad setting (the CLI calls this before loading anything).
 
     models: one model (name or LLM) per agent (default: all on one); corrupted: one flag per agent
-    (default: agents 0..c-1)."""
+    (default: agents 0..c-1); attack_mode: how RR's corrupted agents write (MAJ: only "inject")."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if n < 1:
@@ -85,6 +85,13 @@ def check_config(method, n, corrupt, k, m, max_len, attack, temperature, order="
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
     if order not in ORDERS:
         raise ValueError(f"unknown --order {order!r}; choose one of {', '.join(ORDERS)}")
+    if attack_mode not in ATTACK_MODES:
+        raise ValueError(f"unknown --attack-mode {attack_mode!r}; choose one of {', '.join(ATTACK_MODES)}")
+    if method == "maj" and attack_mode != "inject":
+        raise ValueError(f"--attack-mode {attack_mode} needs a shared trajectory: MAJ's agents answer alone "
+                         "(its corrupted agents are the injected ones)")
+    if candidates < 1:
+        raise ValueError(f"--candidates must be >= 1, got {candidates}")
     models = [None] * n if models is None else list(models)
     corrupted = [i < corrupt for i in range(n)] if corrupted is None else list(corrupted)
     reason = identical_by_construction(method, models, corrupted, n if m is None else m, order, temperature)
@@ -162,6 +169,8 @@ def summarize(method, records, llms, since=None):
 def print_table(summary):
     c, d = summary["config"], summary["details"]
     config = f"{c['corrupt']}c{c['agents'] - c['corrupt']}t"
+    attack = c["attack"] + (f", {c['attack_mode']}" if c.get("attack_mode") else "") + \
+        (f" x{c['candidates']}" if c.get("attack_mode") == "logprob" else "")
     if c["method"] != "maj":
         config += f" K={c['k']} L={c['max_len']}" + (f" M={c['m']}" if c["method"] == "rrmaj" else "")
         config += f" order={c.get('order')}"
@@ -170,7 +179,7 @@ def print_table(summary):
     e = summary["engine"]
     rows = [("method", "config", "attack", "questions", "errors", "accuracy", "parse fail", "prefill", "decode",
              "cached"),
-            (c["method"].upper(), config, c["attack"], f"{summary['instances']}/{summary['total']}",
+            (c["method"].upper(), config, attack, f"{summary['instances']}/{summary['total']}",
              str(summary.get("errors", 0)), "-" if acc is None else f"{acc:.3f}", str(summary["parse_failures"]), str(e["prefill_tokens"]),
              str(e["decode_tokens"]), str(e["cached_tokens"]))]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -181,40 +190,51 @@ def print_table(summary):
 
 
 def settings(method, n, corrupt, k, m, max_len, attack, temperature, seed, attack_seed=0, config=None,
-             order="shuffle"):
-    """The configuration recorded in summary.json (and compared on resume)."""
+             order="shuffle", attack_mode="inject", candidates=CANDIDATES):
+    """The configuration recorded in summary.json (and compared on resume). An attack mode other than the
+    paper's injection is recorded (with a logprob-guided agent's candidates); the default is not, so runs
+    written before attack modes existed still resume."""
+    adaptive = {} if attack_mode == "inject" else dict(attack_mode=attack_mode)
+    if attack_mode == "logprob":
+        adaptive["candidates"] = candidates
     return dict(method=method, agents=n, corrupt=corrupt, k=k if method != "maj" else None,
                 m=(n if m is None else m) if method == "rrmaj" else None, max_len=max_len, attack=attack,
                 temperature=float(temperature), seed=seed, attack_seed=attack_seed,
-                order=order if method != "maj" else None, **(config or {}))
+                order=order if method != "maj" else None, **adaptive, **(config or {}))
 
 
 def run_rr_experiment(method, tasks, llms, corrupt=0, k=100, m=None, max_len=512, attack="strong",
                       temperature=TEMPERATURE, seed=0, out="runs/rr", n=None, attack_seed=0, concurrency=64,
-                      config=None, progress=True, table=True, order="shuffle", allow_identical=False) -> dict:
+                      config=None, progress=True, table=True, order="shuffle", allow_identical=False,
+                      attack_mode="inject", candidates=CANDIDATES) -> dict:
     """Run `method` on every task (resuming from OUT); returns the summary written to OUT/summary.json.
 
     llms: one LLM shared by n agents, or a list with one per agent. m: RRMaj trajectories (default N).
-    order: each trajectory's speaking order (shuffle, rotate or fixed). config: extra settings to record
-    (model names, task, backend); a rerun into an OUT written with a different configuration is refused."""
+    order: each trajectory's speaking order (shuffle, rotate or fixed). attack_mode: how RR's corrupted
+    agents write (attacks.ATTACK_MODES; MAJ: "inject" only); candidates: a logprob-guided agent's samples a
+    turn. config: extra settings to record (model names, task, backend); a rerun into an OUT written with a
+    different configuration is refused."""
     agents = make_agents(llms, corrupt, n)
     n = len(agents)
     m = n if m is None else m
     c = sum(a.corrupted for a in agents)
     llm_list = [a.llm for a in agents]
     check_config(method, n, c, k, m, max_len, attack, temperature, order, llm_list, [a.corrupted for a in agents],
-                 allow_identical)
+                 allow_identical, attack_mode, candidates)
 
     async def solve(task):
         if method == "maj":
             result = await majority_vote(task, agents, attack, max_len, temperature, seed, attack_seed)
         elif method == "rr":
-            result = await round_robin(task, agents, k, max_len, attack, temperature, seed, 0, attack_seed, order)
+            result = await round_robin(task, agents, k, max_len, attack, temperature, seed, 0, attack_seed, order,
+                                       attack_mode, candidates)
         else:
-            result = await rr_majority(task, agents, m, k, max_len, attack, temperature, seed, attack_seed, order)
+            result = await rr_majority(task, agents, m, k, max_len, attack, temperature, seed, attack_seed, order,
+                                       attack_mode, candidates)
         return {"gold": task.accepted, "kind": task.kind, **to_json(result)}
 
-    recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config, order)
+    recorded = settings(method, n, c, k, m, max_len, attack, temperature, seed, attack_seed, config, order,
+                        attack_mode, candidates)
     start = engine_stats(llm_list)  # summary.json counts this run's tokens only (cost parity per run)
     run_instances(tasks, solve, out, key=lambda t: t.id, concurrency=concurrency,
                   stats=lambda: engine_stats(llm_list), config=recorded,

@@ -8,6 +8,7 @@ from functools import partial
 
 from ..backends import DEFAULT_MODEL, add_backend_args, check_models, pool_kwargs
 from ..commands import Command, already_done, load_questions, run_pool, task_args
+from ..protocols.attacks import ATTACK_MODES, CANDIDATES
 from ..protocols.rr_prompts import TEMPERATURE
 from .rr import check_config, print_table, run_rr_experiment, settings
 from .runner import check_resume
@@ -23,6 +24,14 @@ def run_args(ap, method):
     ap.add_argument("--attack", choices=("moderate", "strong", "directive"), default="strong",
                     help="the injection: moderate (advisory), strong (imperative; default) or directive "
                          "(the paper's Appendix C wording)")
+    if method != "maj":  # MAJ has no shared text to aim at: its corrupted agents are the injected ones
+        ap.add_argument("--attack-mode", choices=ATTACK_MODES, default="inject",
+                        help="how corrupted agents write their turns: inject (the paper's: the injection appended "
+                             "to their question; default), trajectory (a prompt that names the target and quotes "
+                             "what the honest agents just wrote), logprob (the best of --candidates sampled "
+                             "continuations by the target's log-probability)")
+        ap.add_argument("--candidates", type=int, default=CANDIDATES,
+                        help=f"continuations a logprob-guided agent samples a turn (default {CANDIDATES})")
     ap.add_argument("--order", choices=("shuffle", "rotate", "fixed"), default="shuffle",
                     help="each trajectory's speaking order: a seeded permutation (default), trajectory m "
                          "starting at agent m mod N, or 0..N-1 (corrupted agents first) for all")
@@ -44,8 +53,10 @@ def run_args(ap, method):
 def prepare_run(args):
     """Check every argument and load the questions; nothing heavy is loaded here."""
     m = args.trajectories if args.trajectories is not None or args.method != "rrmaj" else args.agents
+    mode, candidates = getattr(args, "attack_mode", "inject"), getattr(args, "candidates", CANDIDATES)
     check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
-                 args.temperature, args.order, allow_identical=True)  # the settings alone first
+                 args.temperature, args.order, allow_identical=True, attack_mode=mode,
+                 candidates=candidates)  # the settings alone first
     if args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     if args.limit is not None and args.limit < 1:
@@ -72,8 +83,10 @@ def cmd_run(args):
     out = args.out or f"runs/{args.method}"
     config = dict(models=[name or DEFAULT_MODEL for name in models], backend=args.backend,
                   task=args.task or ("gen-arith" if args.data is None else None), data=args.data)
+    mode, candidates = getattr(args, "attack_mode", "inject"), getattr(args, "candidates", CANDIDATES)
     check_resume(out, settings(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack,
-                               args.temperature, args.seed, 0, config, args.order))  # before any model loads
+                               args.temperature, args.seed, 0, config, args.order, mode,
+                               candidates))  # before any model loads
     if already_done(out, tasks, print_table):
         return
     with run_pool(args, **pool_kwargs(args)) as pool:
@@ -81,7 +94,8 @@ def cmd_run(args):
         llms = [pool.get(name) for name in models]
         run_rr_experiment(args.method, tasks, llms, args.corrupt, args.chunk, m, args.max_len, args.attack,
                           args.temperature, args.seed, out, concurrency=args.concurrency, config=config,
-                          progress=not args.no_progress, order=args.order, allow_identical=args.allow_identical)
+                          progress=not args.no_progress, order=args.order, allow_identical=args.allow_identical,
+                          attack_mode=mode, candidates=candidates)
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 

@@ -24,7 +24,7 @@ from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft
 from ..protocols.metrics.sac import COUNTS, GROUPS, RA_TIES, summarize as summarize_metrics
-from ..protocols.sac import LOGPROB_KINDS, SCORE_MODES, run_sac
+from ..protocols.sac import LOGPROB_KINDS, SCORE_MODES, Scorer, run_sac
 from .rr import engine_stats
 from .runner import SUMMARY, run_instances
 
@@ -117,15 +117,15 @@ def check_config(protocol, n, weak, byzantine, adversary, F, T, topology, seed=0
 def settings(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, logprob_kind,
              solve_params, judge_params, all_rounds, problems, config=None, edges=None):
     """The configuration recorded in summary.json (and compared on resume)."""
-    sac = protocol == "sac"
+    judges = protocol == "sac" or (byzantine and adversary == "adaptive")  # an adaptive adversary judges too
     return dict(protocol=protocol, agents=n, strong=n - weak - byzantine, weak=weak, byzantine=byzantine,
                 adversary=adversary if byzantine else None, F=F, T=T, topology=topology,
                 edges=sorted(sorted(e) for e in edges) if edges is not None else None, seed=seed,
-                score_mode=score_mode if sac else None,
-                logprob_kind=logprob_kind if sac and score_mode == "logprob" else None,
+                score_mode=score_mode if judges else None,
+                logprob_kind=logprob_kind if judges and score_mode == "logprob" else None,
                 max_tokens=solve_params.max_tokens, temperature=float(solve_params.temperature),
-                judge_max_tokens=judge_params.max_tokens if sac and score_mode == "generate" else None,
-                all_rounds=bool(all_rounds) if not sac else None, problems=problems, **(config or {}))
+                judge_max_tokens=judge_params.max_tokens if judges and score_mode == "generate" else None,
+                all_rounds=bool(all_rounds) if protocol != "sac" else None, problems=problems, **(config or {}))
 
 
 def summarize(records, llms, since=None):
@@ -151,7 +151,7 @@ def print_table(summary):
     line_up = f"{c['strong']} strong, {c['weak']} weak, {c['byzantine']} adversarial"
     if c["byzantine"]:
         line_up += f": {c['adversary']}"
-    mode = f", {c['score_mode']} scoring" if c["protocol"] == "sac" else ""
+    mode = f", {c['score_mode']} scoring" if c.get("score_mode") else ""
     graph = f"graph of {len(c['edges'])} given edges" if c.get("edges") else c["topology"]
     print(f"{c['protocol'].upper()}: n={c['agents']} ({line_up}), F={c['F']}, T={c['T']}, {graph}{mode}, "
           f"temperature {c['temperature']}, seed {c['seed']}; {summary['instances']}/{summary['total']} problems"
@@ -185,8 +185,10 @@ def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=Non
                    concurrency=64, config=None, progress=True, table=True, edges=None, ra_ties="drawn") -> dict:
     """Run SAC or CP-WBFT on every task (resuming from OUT); returns the summary written to OUT/summary.json.
 
-    weak_llm and adversary_llm (a decoy's model) default to strong_llm. The adversaries' cache of wrong
-    answers is the gold answers of the OTHER tasks of the run (each checked wrong per problem).
+    weak_llm and adversary_llm (a decoy's or an adaptive adversary's model) default to strong_llm. The
+    adversaries' cache of wrong answers is the gold answers of the OTHER tasks of the run (each checked wrong
+    per problem). An adaptive adversary judges its candidates with the judge SAC's receivers use (the
+    Scorer of score_mode, judge_params, logprob_kind), on adversary_llm.
     solve_params / judge_params default to 1000 new tokens at the paper's temperature 0.1; their seed is
     replaced per request (from `seed`). edges: an explicit edge list [[u, v], ...] instead of `topology`.
     config: extra settings to record (model names, task, backend); a rerun into an OUT written with a
@@ -204,17 +206,19 @@ def run_experiment(protocol, tasks, strong_llm, weak_llm=None, adversary_llm=Non
     solve_params = solve_params or SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
     judge_params = judge_params or SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
     cache = [(t.id, t.gold) for t in tasks]
+    judge = Scorer(score_mode, judge_params, logprob_kind)  # the receivers' judge, an adaptive adversary's oracle
 
     async def solve(task):
         agents = make_agents(strong_llm, weak_llm, n, weak, byzantine, task, cache, seed, mode=adversary,
-                             adversary_llm=adversary_llm, adversary_params=solve_params)
+                             adversary_llm=adversary_llm, adversary_params=solve_params, judge=judge)
         if protocol == "sac":
             record = await run_sac(task, graph, agents, F, T, score_mode, solve_params, judge_params, logprob_kind,
                                    seed=seed)
             return record if ra_ties == "drawn" else {**record, "ra_ties": ra_ties}
         return await run_cpwbft(task, graph, agents, T, solve_params, run_all_rounds=all_rounds, seed=seed)
 
-    llms = [strong_llm] + ([weak_llm] if weak else []) + ([adversary_llm] if byzantine and adversary == "decoy" else [])
+    llms = [strong_llm] + ([weak_llm] if weak else []) + \
+        ([adversary_llm] if byzantine and adversary in ("decoy", "adaptive") else [])
     recorded = settings(protocol, n, weak, byzantine, adversary, F, T, topology, seed, score_mode, logprob_kind,
                         solve_params, judge_params, all_rounds, len(tasks), config, edges)
     start = engine_stats(llms)  # summary.json counts this run's tokens only (engines shared by a sweep's cells)

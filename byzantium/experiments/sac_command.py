@@ -9,6 +9,7 @@ from functools import partial
 
 from ..backends import DEFAULT_MODEL, SamplingParams, add_backend_args, check_models, pool_kwargs
 from ..commands import Command, already_done, load_questions, run_pool, task_args
+from ..protocols.byzantine import ADVERSARY_MODES
 from ..protocols.prompts import TEMPERATURE
 from .runner import check_resume
 from .sac import check_config, print_table, read_edges, run_experiment, settings
@@ -19,9 +20,11 @@ def sac_args(ap, protocol):
     ap.add_argument("--agents", type=int, default=7, help="n agents (default 7)")
     ap.add_argument("--weak", type=int, default=2, help="faulty agents on the weak model (default 2)")
     ap.add_argument("--byzantine", type=int, default=1, help="adversarial agents (default 1)")
-    ap.add_argument("--adversary", choices=("fixed", "decoy", "equivocate"), default="fixed",
+    ap.add_argument("--adversary", choices=ADVERSARY_MODES, default="fixed",
                     help="fixed: a cached answer verified wrong; decoy: a model writes a confident, subtly wrong "
-                         "solution; equivocate: a different wrong answer to each neighbour (default fixed)")
+                         "solution; equivocate: a different wrong answer to each neighbour; judge-targeted: the "
+                         "fixed answer with text aimed at the judges appended; adaptive: each round the wrong "
+                         "answer (its own or a neighbour's) its own model's judge scores highest (default fixed)")
     ap.add_argument("--f", dest="F", type=int, default=3, help="F: neighbours each agent may drop (default 3)")
     ap.add_argument("--rounds", type=int, default=6, help="T rounds (default 6)")
     ap.add_argument("--topology", choices=("merg", "complete", "er", "preferential"), default=None,
@@ -31,12 +34,15 @@ def sac_args(ap, protocol):
                          "(e.g. another code base's graph), checked like any topology")
     ap.add_argument("--strong-model", default=None, help="the strong agents' model (default smollm2-135m)")
     ap.add_argument("--weak-model", default=None, help="the weak agents' model (default: the strong model)")
-    ap.add_argument("--adversary-model", default=None, help="a decoy's model (default: the strong model)")
+    ap.add_argument("--adversary-model", default=None,
+                    help="a decoy's or an adaptive adversary's model (default: the strong model)")
     add_backend_args(ap)
     task_args(ap, 100)
     ap.add_argument("--score-mode", choices=("generate", "logprob"), default="generate",
                     help="SAC scoring: the judge writes `Score: x` (generate, default) or one forward pass "
-                         "(logprob)" + ("; CP-WBFT does not score and ignores it" if protocol == "cpwbft" else ""))
+                         "(logprob); an adaptive adversary judges its candidates the same way"
+                         + ("; CP-WBFT's agents do not score: only an adaptive adversary reads it"
+                            if protocol == "cpwbft" else ""))
     ap.add_argument("--max-tokens", type=int, default=1000,
                     help="new tokens per solve, refine or decoy solution (default 1000)")
     ap.add_argument("--temperature", type=float, default=TEMPERATURE,
@@ -53,6 +59,8 @@ def sac_args(ap, protocol):
     else:
         ap.add_argument("--all-rounds", action="store_true",
                         help="run all T rounds instead of stopping at the convergence threshold")
+        ap.add_argument("--judge-max-tokens", type=int, default=1000,
+                        help="new tokens per judgement of an adaptive adversary in generate mode (default 1000)")
     ap.add_argument("--out", default=None, help=f"output directory (default runs/{protocol})")
     ap.add_argument("--concurrency", type=int, default=64, help="problems in flight at once (default 64)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -83,7 +91,7 @@ def prepare_sac(args):
     adversary = args.adversary_model or strong
     # Model names by role; None where no agent needs one.
     models = {"strong": strong, "weak": weak if args.weak else None,
-              "adversary": adversary if args.byzantine and args.adversary == "decoy" else None}
+              "adversary": adversary if args.byzantine and args.adversary in ("decoy", "adaptive") else None}
     tasks = load_questions(args)
     check_models(args, [m for m in models.values() if m is not None])
     return params, models, tasks, edges

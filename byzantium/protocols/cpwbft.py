@@ -19,7 +19,7 @@ import asyncio
 from ..backends.params import SamplingParams
 from ..tasks import normalize_answer
 from . import prompts
-from .byzantine import prepare_adversaries, seeded
+from .byzantine import observe_adversaries, prepare_adversaries, seeded
 
 SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 CONVERGENCE = 0.1
@@ -108,6 +108,8 @@ async def run_cpwbft(task, graph, agents, T=6, solve_params=None, threshold=CONV
         solved, text = {}, {}
         for a, out in zip(honest, outs):
             solved[a.id], text[a.id] = (task.extract(out.text), parse_confidence(out.text)), out.text
+        # An adaptive adversary sees this round's solves before it sends (a rushing adversary).
+        await observe_adversaries(agents, t, {i: s[0] for i, s in solved.items()}, nbrs)
         for a in agents:
             if not a.honest:
                 solved[a.id] = a.adversary.answer, a.adversary.confidence

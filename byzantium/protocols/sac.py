@@ -25,7 +25,7 @@ import math
 
 from ..backends.params import SamplingParams
 from . import prompts
-from .byzantine import prepare_adversaries, seeded
+from .byzantine import observe_adversaries, prepare_adversaries, seeded
 from .plurality import stable_seed
 
 SCORE_MODES = ("generate", "logprob")
@@ -123,6 +123,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
     rounds = [_round0(agents, answer, text, phi, dict(zip([a.id for a in honest], selfs)))]
 
     for t in range(1, T + 1):
+        await observe_adversaries(agents, t, answer, nbrs)  # an adaptive adversary sees its neighbours' answers
         # What each agent receives this round: honest agents broadcast, adversaries may equivocate.
         def msg(j, i):
             return answer[j] if agents[j].honest else agents[j].adversary.message(i, t)
