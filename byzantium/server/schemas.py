@@ -68,6 +68,12 @@ class Sampling(BaseModel):
     stream_options: dict | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    # structured outputs: OpenAI's response_format, or vLLM's guided_* extensions (at most one of them)
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -125,13 +131,44 @@ def sampling_params(body, max_tokens, logprobs, index=0):
     if body.seed is not None and body.seed + index > SEED_MAX:
         raise APIError(400, f"seed + {index} (choice {index} of n) is past 2**64 - 1; give a smaller seed",
                        param="seed")
+    constraint, field = structured(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             seed=None if body.seed is None else body.seed + index, stop=body.stop,
             stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos, logprobs=logprobs,
-            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty)
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, **constraint)
     except ValueError as error:  # the engine's own checks: name the field its message names
+        if constraint and any(k in str(error) for k in ("schema", "json", "regex", "choice", "grammar")):
+            raise APIError(400, str(error), param=field)
         field = next((f for f in ("max_tokens", "temperature", "top_p", "top_k", "logprobs", "stop",
                                   "presence_penalty", "frequency_penalty") if f in str(error)), None)
         raise APIError(400, str(error), param=field)
+
+
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def structured(body):
+    """({SamplingParams constraint}, the field it came from) of response_format or a guided_* field; the
+    engine enforces it while decoding (engine/grammar.py). At most one may be given."""
+    asked = []
+    format_ = body.response_format
+    if format_ is not None:
+        kind = format_.get("type")
+        if kind == "json_object":
+            asked.append(({"json_object": True}, "response_format"))
+        elif kind == "json_schema":
+            schema = (format_.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise APIError(400, "response_format json_schema needs json_schema.schema, a JSON Schema object",
+                               param="response_format")
+            asked.append(({"json_schema": schema}, "response_format"))
+        elif kind != "text":
+            raise APIError(400, f"response_format type {kind!r} is unknown; one of text, json_object, json_schema",
+                           param="response_format")
+    asked += [({key: getattr(body, name)}, name) for name, key in GUIDED.items() if getattr(body, name) is not None]
+    if len(asked) > 1:
+        raise APIError(400, f"give at most one of response_format and {', '.join(GUIDED)}; got "
+                            f"{', '.join(field for _, field in asked)}", param=asked[1][1])
+    return asked[0] if asked else ({}, None)

@@ -264,6 +264,8 @@ class Server:
             return await self.wait(request, [self.run_one(served, ids, p, arrival, first) for ids, p, first in jobs])
         except ValueError as error:
             raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else None)
+        except ImportError as error:  # a structured output without the grammar engine installed
+            raise APIError(400, str(error), param="response_format")
         finally:
             served.in_flight -= len(jobs)
 
