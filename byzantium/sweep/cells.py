@@ -16,11 +16,12 @@ KEYS = {
     "agents": ("--agents", RR | SAC), "corrupt": ("--corrupt", RR), "chunk": ("--chunk", {"rr", "rrmaj"}),
     "trajectories": ("--trajectories", {"rrmaj"}), "max_len": ("--max-len", RR), "attack": ("--attack", RR),
     "order": ("--order", RR), "models": ("--models", RR), "allow_identical": ("--allow-identical", RR),
+    "attack_mode": ("--attack-mode", {"rr", "rrmaj"}), "candidates": ("--candidates", {"rr", "rrmaj"}),
     "model": ("--model", RR | RES),
     "weak": ("--weak", SAC), "byzantine": ("--byzantine", SAC), "adversary": ("--adversary", SAC),
     "F": ("--f", SAC), "topology": ("--topology", SAC), "strong_model": ("--strong-model", SAC),
     "weak_model": ("--weak-model", SAC), "adversary_model": ("--adversary-model", SAC),
-    "score_mode": ("--score-mode", SAC), "judge_max_tokens": ("--judge-max-tokens", {"sac"}),
+    "score_mode": ("--score-mode", SAC), "judge_max_tokens": ("--judge-max-tokens", SAC),
     "logprob_kind": ("--logprob-kind", {"sac"}), "ra_ties": ("--ra-ties", {"sac"}),
     "all_rounds": ("--all-rounds", {"cpwbft"}),
     "rounds": ("--rounds", SAC | RES), "max_tokens": ("--max-tokens", SAC | RES),
@@ -160,7 +161,7 @@ def make_cell(point, sources, axis_names, root, check_files, where):
 def _check_type(key, value, fail):
     ints = ("agents", "corrupt", "chunk", "trajectories", "max_len", "weak", "byzantine", "F", "rounds",
             "max_tokens", "judge_max_tokens", "fault_max_tokens", "inspector_max_tokens", "limit", "seed",
-            "concurrency", "sample", "sample_seed")
+            "concurrency", "sample", "sample_seed", "candidates")
     if key in ints and (not isinstance(value, int) or isinstance(value, bool)):
         fail(key, f"an integer, got {value!r}")
     if key in ("temperature", "pm", "pe") and (not isinstance(value, (int, float)) or isinstance(value, bool)):
@@ -174,7 +175,7 @@ def _check_type(key, value, fail):
     if key == "corrupted" and not all(isinstance(i, int) for i in value):
         fail(key, "agent indices (integers)")
     if key in ("model", "strong_model", "weak_model", "adversary_model", "attack", "order", "adversary", "topology",
-               "score_mode", "logprob_kind", "ra_ties", "system", "fault", "defence", "error_type", "faulty_role",
+               "attack_mode", "score_mode", "logprob_kind", "ra_ties", "system", "fault", "defence", "error_type", "faulty_role",
                "data") and not isinstance(value, str):
         fail(key, f"a string, got {value!r}")
 
@@ -229,7 +230,9 @@ def _models(method, point, agents):
         return [point.get("model")]
     strong = point.get("strong_model")
     names = [strong, point.get("weak_model", strong) if point.get("weak", 2) else None,
-             point.get("adversary_model", strong) if point.get("adversary") == "decoy" else None]
+             # a decoy writes with its model, an adaptive adversary judges with it (run sac|cpwbft's rule)
+             point.get("adversary_model", strong)
+             if point.get("byzantine", 1) and point.get("adversary") in ("decoy", "adaptive") else None]
     return list(dict.fromkeys(n for n in names if n is not None)) or [None]
 
 
@@ -256,7 +259,7 @@ def _name(method, params, axis_names):
 SHORT = {"resilience": "res"}
 PREFIX = {"chunk": "K", "trajectories": "M", "max_len": "L", "F": "F", "rounds": "T", "weak": "w",
           "byzantine": "b", "temperature": "t", "seed": "s", "limit": "n", "agents": "N", "max_tokens": "mt",
-          "judge_max_tokens": "jt", "pm": "pm", "pe": "pe"}
+          "judge_max_tokens": "jt", "pm": "pm", "pe": "pe", "candidates": "cand"}
 
 
 def _part(key, value):
