@@ -33,6 +33,7 @@ KEYS = {
     "seed": ("--seed", RR | SAC | RES), "temperature": ("--temperature", RR | SAC),
     "concurrency": ("--concurrency", RR | SAC | RES),
     "pattern": (None, RR), "corrupted": (None, RR), "method": (None, RR | SAC | RES),
+    "budget": (None, RR | SAC),  # corrupted agents of N: RR's --corrupt, SAC's --byzantine (one scale for both)
 }
 BOOL_KEYS = ("allow_identical", "all_rounds")
 PER_TASK = ("max_len", "max_tokens")  # settings a task table may carry: each data set's own length limit
@@ -99,6 +100,11 @@ def make_cell(point, sources, axis_names, root, check_files, where):
             fail(key, f"does not apply to {method}")
     point = {k: v for k, v in point.items() if method in KEYS[k][1]}  # e.g. chunk for maj: not its key
     point.pop("method", None)
+    if "budget" in point:  # the same adversary budget for both families, each in its own flag
+        own = "corrupt" if family is RR else "byzantine"
+        if any(key in point for key in (own, "pattern", "corrupted")):
+            fail("budget", f"give budget or {own}, not both")
+        point[own], sources[own] = point.pop("budget"), sources.get("budget", "[run]")
     if "pattern" in point:
         m = re.fullmatch(r"(\d+)c(\d+)t", str(point.pop("pattern")))
         if not m:
@@ -243,8 +249,10 @@ def _name(method, params, axis_names):
     for key in axis_names:
         if key in ("method",) or key in done:
             continue
-        if key in ("pattern", "agents", "corrupt") and "pattern" in params:
+        if key in ("pattern", "agents", "corrupt", "budget") and "pattern" in params:
             key = "pattern"  # a round-robin cell's agents and corrupt show as 3c2t
+        elif key == "budget":
+            key = "byzantine"  # a SAC / CP-WBFT cell's as b2
         if key not in params or key in done:
             continue
         done.add(key)
