@@ -42,7 +42,8 @@ def test_the_shipped_files_are_there():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_every_shipped_file_validates(path, scale, no_loading):
     sweep = load_sweep(path, scale, check_files=False)
-    assert sweep.cells and sweep.paper in ("sac", "consensus-trap", "mas") and sweep.analysis["kind"]
+    assert sweep.cells and sweep.analysis["kind"]
+    assert set(sweep.paper.split(" + ")) <= {"sac", "consensus-trap", "mas"}  # frontier.toml names two
     names = [c.name for c in sweep.cells]
     assert len(set(names)) == len(names)
     for cell in sweep.cells:
@@ -226,6 +227,61 @@ def test_borrowed_pool_sets_chat_template_kwargs_and_does_not_close():
         assert view.get("q/qwen3").chat_template_kwargs == {"enable_thinking": False}
         assert view.get("other/model").chat_template_kwargs == {}
     assert not pool.closed
+
+
+def test_attack_modes_reach_the_runs_and_name_the_cells(tmp_path):
+    path = tmp_path / "a.toml"
+    path.write_text(BASE.replace('method = "maj"', 'method = ["maj", "rrmaj"]') +
+                    "[axes]\npattern = ['2c3t']\n[[cells]]\nattack_mode = 'trajectory'\n"
+                    "[[cells]]\nattack_mode = 'logprob'\ncandidates = 3\n")
+    cells = {c.name: c for c in load_sweep(path).cells}
+    assert set(cells) == {"maj-gen-arith-2c3t", "rrmaj-gen-arith-2c3t-trajectory", "rrmaj-gen-arith-2c3t-logprob-cand3"}
+    argv = cells["rrmaj-gen-arith-2c3t-logprob-cand3"].argv
+    assert argv[argv.index("--attack-mode") + 1] == "logprob" and argv[argv.index("--candidates") + 1] == "3"
+    assert "--attack-mode" not in cells["maj-gen-arith-2c3t"].argv  # MAJ has no shared text: run once
+    path.write_text(BASE.replace('"maj"', '"rrmaj"') + "[axes]\nattack_mode = ['sideways']\n")
+    with pytest.raises(ConfigError, match=r"\[axes\].attack_mode:.*sideways"):
+        load_sweep(path)  # the run parser's choices, named by the key
+
+
+SAC_BASE = 'paper = "sac"\nmethod = ["sac", "cpwbft"]\n[analysis]\nkind = "sac"\n[run]\nstrong_model = "a/strong"\n'
+
+
+@pytest.mark.parametrize("adversary, loaded", [("adaptive", True), ("decoy", True), ("judge-targeted", False),
+                                               ("fixed", False)])
+def test_an_adversary_that_runs_a_model_loads_it_and_an_adaptive_one_judges_in_cpwbft_too(adversary, loaded,
+                                                                                              tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(SAC_BASE + f"adversary = '{adversary}'\nadversary_model = 'b/adv'\njudge_max_tokens = 77\n")
+    for cell in load_sweep(path).cells:
+        assert ("b/adv" in cell.models) == loaded, (cell.method, cell.models)
+        assert cell.argv[cell.argv.index("--judge-max-tokens") + 1] == "77"  # cpwbft's adaptive adversary judges
+    path.write_text(SAC_BASE + "adversary = 'adaptive'\nadversary_model = 'b/adv'\nbyzantine = 0\n")
+    assert all(cell.models == ["a/strong"] for cell in load_sweep(path).cells)  # no adversary: no model
+
+
+def test_one_budget_for_both_families(tmp_path):
+    path = tmp_path / "f.toml"
+    path.write_text('paper = ["consensus-trap", "sac"]\nmethod = ["maj", "rrmaj", "sac", "cpwbft"]\n'
+                    '[analysis]\nkind = "frontier"\n[run]\nagents = 5\nweak = 0\nF = 2\ntopology = "complete"\n'
+                    'chunk = 8\nlimit = 2\n[axes]\nbudget = [0, 2]\n')
+    sweep = load_sweep(path)
+    assert sweep.paper == "consensus-trap + sac"
+    assert {c.name for c in sweep.cells} == {f"{m}-gen-arith-{b}" for m in ("maj", "rrmaj") for b in ("0c5t", "2c3t")} | \
+        {f"{m}-gen-arith-b{b}" for m in ("sac", "cpwbft") for b in (0, 2)}
+    for cell in sweep.cells:
+        flag = "--corrupt" if cell.method in ("maj", "rrmaj") else "--byzantine"
+        other = "--byzantine" if flag == "--corrupt" else "--corrupt"
+        b = int(cell.argv[cell.argv.index(flag) + 1])
+        assert other not in cell.argv and b in (0, 2) and cell.params["agents"] == 5
+        assert ("--chunk" in cell.argv) == (cell.method == "rrmaj") and ("--f" in cell.argv) == (flag == "--byzantine")
+    assert len(sweep.cells) == 8
+    for extra, problem in (("system = 'camel'\n", r"\[run\].system: does not apply to maj"),
+                           ("corrupt = 1\n", r"\[axes\].budget: give budget or corrupt, not both")):
+        path.write_text(path.read_text().replace("[axes]", extra + "[axes]"))
+        with pytest.raises(ConfigError, match=problem):
+            load_sweep(path)
+        path.write_text(path.read_text().replace(extra, ""))
 
 
 # ------------------------------------------------------------------------- on the embedded model

@@ -1,7 +1,8 @@
 """Experiment files: a TOML file names a protocol and the settings it varies; each point is a cell, one
 ordinary `byzantium run <method>` into its own directory. Read and checked here, before any model loads.
 
-    paper = "consensus-trap"          # sac | consensus-trap | mas
+    paper = "consensus-trap"          # sac | consensus-trap | mas, or a list of them (a file whose
+                                      # methods come from several papers, e.g. MAJ beside SAC)
     table = "Table 1"
     method = ["maj", "rrmaj"]         # one method, or several run on the same cells
     data_root = "data"                # optional: where `data` files are (relative to this file);
@@ -32,7 +33,10 @@ ordinary `byzantium run <method>` into its own directory. Read and checked here,
 
 A key is the long flag of `byzantium run <method>` with `_` for `-` (`F` is --f, `defence` is --defense;
 models: `model` for every agent, `models` one per agent, `strong_model`/`weak_model` for SAC). A key
-that one of several methods lacks is left out of that method's cells (K for MAJ: MAJ then runs once).
+that one of several methods lacks is left out of that method's cells (K for MAJ: MAJ then runs once;
+in a file of both families, F for MAJ and K for SAC); a key that none of the file's methods has is
+refused. `budget` is one adversary budget for both families: corrupted agents of N (RR's corrupt,
+SAC's byzantine).
 Each cell is turned into the argv of that parser, so its own checks apply; their errors are mapped
 back to the key: `t.toml: [axes].corrupt: 7 is more than agents=5`. Cells that load the same models
 are put next to each other (one load each when models do not fit on the device together).
@@ -90,8 +94,10 @@ def load_sweep(path, scale="smoke", data_root=None, check_files=True) -> Sweep:
         if key not in TOP_KEYS:
             fail(key, f"unknown key; known: {', '.join(sorted(TOP_KEYS))}")
     paper = raw.get("paper")
-    if paper not in PAPERS:
-        fail("paper", f"{paper!r}; choose one of {', '.join(PAPERS)}")
+    papers = paper if isinstance(paper, list) and paper else [paper]
+    if any(p not in PAPERS for p in papers):
+        fail("paper", f"{paper!r}; choose one of {', '.join(PAPERS)}, or a list of them")
+    paper = " + ".join(papers)
     for key in ("table", "name"):
         if not isinstance(raw.get(key, ""), str):
             fail(key, "must be a string")
@@ -158,7 +164,7 @@ def load_sweep(path, scale="smoke", data_root=None, check_files=True) -> Sweep:
 
     root = _data_root(path, raw.get("data_root"), data_root, fail)
     built, seen = [], {}
-    for point, sources in points:
+    for point, sources in _own_keys(points):
         cell = make_cell(point, sources, names, root, check_files, where)
         if cell.name in seen:
             if seen[cell.name] != cell.params:
@@ -178,6 +184,22 @@ def load_sweep(path, scale="smoke", data_root=None, check_files=True) -> Sweep:
     published = _published(raw.get("published", []), fail)
     return Sweep(raw.get("name") or path.stem, paper, raw.get("table", ""), scale, path, analysis, built, published,
                  models, budget)
+def _own_keys(points):
+    """In a file whose methods come from several families (MAJ beside SAC), each point without the keys
+    of the other families' methods (F for MAJ, K for SAC): [run] and [axes] then serve both. A key that
+    none of the file's methods has stays, for make_cell to refuse."""
+    families = [f for f in (RR, SAC, RES) if any(p.get("method") in f for p, _ in points)]
+    if len(families) < 2:
+        return points
+    scope = set().union(*families)
+    out = []
+    for point, sources in points:
+        own = next((f for f in families if point.get("method") in f), scope)
+        out.append(({k: v for k, v in point.items()
+                     if k not in KEYS or KEYS[k][1] & own or not KEYS[k][1] & scope}, sources))
+    return out
+
+
 CONFIGS = Path(__file__).parents[1] / "experiments" / "configs"  # the shipped experiment files, one per paper table
 
 
