@@ -9,6 +9,7 @@ Only the plots the cells support are drawn (no K plot without two chunk sizes of
     resilience.png  drop (clean - faulty) by structure, with the paper's average drops
     k.png           accuracy vs chunk size K (MAJ of the same setting as a line with its 95 % CI as a band)
     cost.png        prefill, decode and cached tokens and wall seconds, MAJ vs RRMaj
+    frontier.png    accuracy vs decode / prefill tokens and seconds per problem, per budget (report_frontier)
 
 Accuracy axes are 0-100 % and every band and error bar is clipped to it (a mean ± std can pass 100);
 bars carry their values.
@@ -18,6 +19,7 @@ from pathlib import Path
 from ..commands import Command
 from . import report_data as data
 from .report_cells import load_cells
+from .report_frontier import plot_frontier
 
 DPI = 110
 
@@ -241,7 +243,7 @@ def _count(v):
 
 
 PLOTS = {"sweep.png": plot_sweep, "scaling.png": plot_scaling, "rounds.png": plot_rounds,
-         "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost}
+         "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost, "frontier.png": plot_frontier}
 
 
 def make_plots(dirs, out=None) -> list:
