@@ -15,13 +15,15 @@ from fastapi import FastAPI
 from ..backends import LLMPool, add_model_split_args, check_model, split_kwargs
 from .routes import add_routes
 from .state import Server
+from .tool_parsers import PARSERS
 
 
 def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024,
-              shutdown_timeout=30.0) -> FastAPI:
+              shutdown_timeout=30.0, tool_parser=None) -> FastAPI:
     """The app for {served name: NativeLLM}; api_key set: every /v1 route wants `Authorization: Bearer KEY`;
-    shutdown_timeout: seconds requests in flight get to end once a shutdown begins."""
-    server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout)
+    shutdown_timeout: seconds requests in flight get to end once a shutdown begins; tool_parser: the tool
+    call format of every model (hermes, llama3_json, mistral; default: each model's chat template's)."""
+    server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout, tool_parser)
     app = FastAPI(title="Byzantium", docs_url=None, redoc_url=None)
     app.state.server = server
     add_routes(app, server)
@@ -98,6 +100,9 @@ def add_serve_args(ap):
     ap.add_argument("--shutdown-timeout", type=float, default=30, metavar="S",
                     help="on shutdown, seconds requests in flight get to end before each gets a 503 "
                          "(server_shutting_down) and the process exits (default 30)")
+    ap.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
+                    help="the format tool calls are read in, for every model (default: the one each model's "
+                         "chat template uses: <tool_call> hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3_json)")
 
 
 def cmd_serve(args):
@@ -123,16 +128,17 @@ def cmd_serve(args):
                                 ("num_speculative_tokens", args.num_speculative_tokens)) if v is not None}
     engine.update(split)
     serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
-          args.max_sessions, args.shutdown_timeout, max_num_seqs=args.max_num_seqs, **engine)
+          args.max_sessions, args.shutdown_timeout, getattr(args, "tool_call_parser", None),
+          max_num_seqs=args.max_num_seqs, **engine)
 
 
 def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, max_body_bytes=8 << 20,
-          max_sessions=1024, shutdown_timeout=30.0, **engine_kwargs):
+          max_sessions=1024, shutdown_timeout=30.0, tool_parser=None, **engine_kwargs):
     """Load each model (served under the name given) and serve them until interrupted; then requests in
     flight get shutdown_timeout seconds, the engines close and this returns."""
     with LLMPool("native", **engine_kwargs) as pool:
         llms = {name: pool.get(name) for name in models}
         print(f"serving {', '.join(llms)} on http://{host}:{port}/v1", flush=True)
-        app = build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout)
+        app = build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout, tool_parser)
         Uvicorn(app, host=host, port=port, log_level="info").run()
 

@@ -47,12 +47,35 @@ def completion_logprobs(tokenizer, token_ids, logprobs, top, as_ids, offset=0):
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
+def decode_keeping(tokenizer, token_ids, keep):
+    """Generated text with special tokens skipped, except those in `keep` (id -> text: a tool call
+    parser's markers, e.g. Mistral's [TOOL_CALLS]), which are written as their text."""
+    parts, run = [], []
+    for token_id in token_ids:
+        if token_id in keep:
+            parts += [tokenizer.decode(run, skip_special_tokens=True), keep[token_id]]
+            run = []
+        else:
+            run.append(token_id)
+    parts.append(tokenizer.decode(run, skip_special_tokens=True))
+    return "".join(parts)
+
+
+def output_text(tokenizer, out, stops, keep=None):
+    """An output's text (the engine's: cut before a stop string), with the `keep` special tokens written."""
+    if not keep:
+        return out.text
+    text = decode_keeping(tokenizer, out.token_ids, keep)
+    return text[:min([text.find(s) for s in stops if s in text], default=len(text))]
+
+
 class TextStream:
     """The text of a streamed request, sent as deltas that reassemble to exactly the final text: a
-    partly decoded character, or an ending that may be the start of a stop string, waits."""
+    partly decoded character, or an ending that may be the start of a stop string, waits. keep: special
+    tokens written as their text (decode_keeping)."""
 
-    def __init__(self, tokenizer, stops):
-        self.tokenizer, self.stops, self.sent = tokenizer, stops, ""
+    def __init__(self, tokenizer, stops, keep=None):
+        self.tokenizer, self.stops, self.keep, self.sent = tokenizer, stops, keep, ""
 
     def delta(self, token_ids, final_text=None):
         if final_text is not None:
@@ -60,7 +83,8 @@ class TextStream:
         elif self.tokenizer is None:
             return ""
         else:
-            text = self.tokenizer.decode(token_ids, skip_special_tokens=True).rstrip("\ufffd")
+            text = (decode_keeping(self.tokenizer, token_ids, self.keep) if self.keep else
+                    self.tokenizer.decode(token_ids, skip_special_tokens=True)).rstrip("\ufffd")
             hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
             text = text[:len(text) - hold]
         if not text.startswith(self.sent):  # decoding more tokens changed earlier text: wait for more

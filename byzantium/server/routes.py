@@ -10,11 +10,13 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .guard import ARRIVAL, Guard
-from .responses import chat_logprobs, completion_logprobs, finish_reason, new_id
+from .responses import chat_logprobs, completion_logprobs, finish_reason, new_id, output_text
 from .schemas import (APIError, ChatRequest, CompletionRequest, SessionAppend, SessionContinue, SessionOpen,
                       error_response, sampling_params, validation_error_response)
 from .state import Server
 from .streaming import stream_choices
+from .tool_parsers import parse_output
+from .tools import plan
 
 
 def arrival_of(request: Request):
@@ -101,19 +103,30 @@ def add_routes(app: FastAPI, server: Server):
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         top = (body.top_logprobs or 0) if body.logprobs else None
-        sampling_params(body, max_tokens or 1, top, body.n - 1)  # a bad parameter: 400 before rendering
-        ids = await server.chat_ids(served, body.messages, body.chat_template_kwargs, max_tokens)
+        tools = plan(body, served, server.tool_parser)  # tools offered, how their calls are read and forced
+        grammar = tools.grammar if tools is not None else None
+        sampling_params(body, max_tokens or 1, top, body.n - 1, grammar)  # a bad parameter: 400 before rendering
+        ids = await server.chat_ids(served, body.messages, body.chat_template_kwargs, max_tokens,
+                                    tools=tools.tools if tools is not None else None)
         if max_tokens is None:  # as much as the context and the KV pool leave (OpenAI: no default cap)
             engine = served.engine.engine
             max_tokens = min(served.max_model_len, engine.num_blocks * engine.block_size) - len(ids)
-        params = [[sampling_params(body, max_tokens, top, i) for i in range(body.n)]]
+        params = [[sampling_params(body, max_tokens, top, i, grammar) for i in range(body.n)]]
         if body.stream:
-            return sse_response(stream_choices(server, served, body, [ids], params, "chat.completion.chunk", arrival))
+            return sse_response(stream_choices(server, served, body, [ids], params, "chat.completion.chunk", arrival,
+                                               tools=tools))
         outs = await server.generate(served, request, [ids], params, arrival)
         choices = []
         for i, out in enumerate(outs):
-            choice = {"index": i, "message": {"role": "assistant", "content": out.text},
-                      "finish_reason": finish_reason(out.finish_reason),
+            message, reason = {"role": "assistant", "content": out.text}, finish_reason(out.finish_reason)
+            if tools is not None and tools.parser is not None:
+                text = output_text(served.llm.tokenizer, out, params[0][i].stop, tools.keep)
+                content, calls = parse_output(tools.parser, text, tools.single)
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = calls
+                    reason = "tool_calls" if reason != "length" else reason
+            choice = {"index": i, "message": message, "finish_reason": reason,
                       "logprobs": None if top is None else chat_logprobs(
                           served.llm.tokenizer, out.token_ids, out.logprobs, top, body.return_tokens_as_token_ids)}
             if body.return_token_ids:

@@ -8,7 +8,7 @@ Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -90,11 +90,41 @@ class CompletionRequest(Sampling):
     echo: bool = False
 
 
+class Function(BaseModel):  # a tool: a function the model may call
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of its arguments
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: Function
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):  # a call in an assistant message of the conversation
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: str
     content: str | list[dict] | None = None
     untrusted: bool | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
 
 class ChatRequest(Sampling):
@@ -103,6 +133,10 @@ class ChatRequest(Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
+    # tool calls (server/tools.py)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict | None = None  # "none", "auto", "required" or {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool | None = None
 
 
 class SessionOpen(BaseModel):
@@ -126,12 +160,13 @@ class SessionContinue(Sampling):
 
 
 
-def sampling_params(body, max_tokens, logprobs, index=0):
-    """SamplingParams of choice `index`: with a seed, choice i samples with seed + i (distinct choices)."""
+def sampling_params(body, max_tokens, logprobs, index=0, tool_grammar=None):
+    """SamplingParams of choice `index`: with a seed, choice i samples with seed + i (distinct choices).
+    tool_grammar: the grammar that forces a tool call (server/tools.py), in place of response_format."""
     if body.seed is not None and body.seed + index > SEED_MAX:
         raise APIError(400, f"seed + {index} (choice {index} of n) is past 2**64 - 1; give a smaller seed",
                        param="seed")
-    constraint, field = structured(body)
+    constraint, field = ({"grammar": tool_grammar}, "tool_choice") if tool_grammar else structured(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,

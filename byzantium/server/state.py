@@ -15,6 +15,8 @@ from ..engine.chat import ChatTemplateError, render_chat
 from ..engine.sequence import Status
 from .metrics import Metrics
 from .schemas import ROLES, APIError
+from .tool_parsers import PARSERS
+from .tools import template_fields
 
 KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
 TOKEN_CHARS_FALLBACK = 64  # characters a token may cover, for a tokenizer whose vocabulary cannot be read
@@ -79,9 +81,12 @@ class Server:
     """What every route works on: the models served, the open sessions, the limits and the metrics."""
 
     def __init__(self, llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024,
-                 shutdown_timeout=30.0):
+                 shutdown_timeout=30.0, tool_parser=None):
         if not llms:
             raise ValueError("a server needs at least one model")
+        if tool_parser is not None and tool_parser not in PARSERS:
+            raise ValueError(f"unknown tool call parser {tool_parser!r}; one of {', '.join(PARSERS)}")
+        self.tool_parser = tool_parser  # None: each model's from its chat template (server/tools.py)
         self.models = {name: Served(name, llm) for name, llm in llms.items()}
         self.api_key, self.max_waiting, self.max_body_bytes = api_key, max_waiting, max_body_bytes
         self.max_sessions, self.shutdown_timeout = max_sessions, shutdown_timeout
@@ -173,7 +178,8 @@ class Server:
         self.check_length(served, len(ids), max_tokens, param)
         return ids
 
-    async def chat_ids(self, served, messages, template_kwargs, max_tokens=None, param="messages"):
+    async def chat_ids(self, served, messages, template_kwargs, max_tokens=None, param="messages", tools=None):
+        """Token ids of a chat under the model's template; tools: those offered, rendered by the template."""
         conversation, chars = [], 0
         for i, m in enumerate(messages):
             if m.role not in ROLES:
@@ -184,7 +190,11 @@ class Server:
                 if any(part.get("type") != "text" for part in content):
                     raise APIError(400, "only text content parts are supported", param=f"messages[{i}].content")
                 content = "".join(str(part.get("text", "")) for part in content)
-            message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+            if m.role == "tool" and m.tool_call_id is None:
+                raise APIError(400, f"messages[{i}].tool_call_id: a tool message needs the id of the call it "
+                                    f"answers", param=f"messages[{i}].tool_call_id")
+            message = {"role": "system" if m.role == "developer" else m.role, "content": content or "",
+                       **template_fields(m)}
             if m.untrusted is not None:
                 message["untrusted"] = m.untrusted
             chars += len(message["content"])
@@ -192,8 +202,9 @@ class Server:
         if served.llm.tokenizer is None:
             raise APIError(400, f"model `{served.name}` has no tokenizer, so no chat template", param="model")
         self.check_chars(served, chars, param, where="messages' content")
+        template_kwargs = dict(template_kwargs or {}, **({"tools": tools} if tools else {}))
         try:
-            ids = await served.on_worker(render_chat, served.llm.tokenizer, conversation, **(template_kwargs or {}))
+            ids = await served.on_worker(render_chat, served.llm.tokenizer, conversation, **template_kwargs)
         except (ChatTemplateError, TypeError, ValueError) as error:
             raise APIError(400, f"the chat template cannot render these messages: {error}", param=param)
         except Exception as error:  # jinja2 errors raised by the template itself (e.g. "roles must alternate")

@@ -1,0 +1,319 @@
+"""Tool calls through the server, with the official `openai` client, on real engines.
+
+The model whose template supports tools is a tiny random Llama with the embedded SmolLM2's tokenizer and
+a Hermes-style tool template written here (TEMPLATE): random weights, so tool_choice "required" and
+named calls come only from the grammar that enforces them, and the round trip shows the whole path:
+tools rendered, a call forced, parsed, returned, sent back with the tool's answer, rendered again. The
+embedded SmolLM2 (its template has no tool format) gives the 400. Outputs are never compared to fixed
+text: calls are checked against the tools' schemas, and streamed calls against the same request not
+streamed (same seed)."""
+import json
+import shutil
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("llguidance")
+
+from conftest import build_tiny  # noqa: E402
+from test_server import MODEL, serve  # noqa: E402
+from test_server import llm  # noqa: E402,F401  (the module's served model: the embedded SmolLM2)
+
+TOOLS_MODEL = "tiny-tools"
+
+# A ChatML template that lists the tools in the system turn, writes an assistant's calls as
+# <tool_call>{"name", "arguments"}</tool_call> and a tool's answer as <tool_response> in a user turn.
+TEMPLATE = r"""
+{%- set first = messages[0] if messages else none %}
+{%- set system = first.content if first and first.role == 'system' else 'You are a helpful assistant.' %}
+{{- '<|im_start|>system\n' + system }}
+{%- if tools %}
+{{- '\n\nYou can call these functions (one JSON signature a line):\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\nTo call one, write <tool_call>\n{"name": <name>, "arguments": <object>}\n</tool_call>' }}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- for message in messages %}
+{%- if message.role == 'assistant' %}
+{{- '<|im_start|>assistant\n' + (message.content or '') }}
+{%- for call in message.tool_calls or [] %}
+{{- '\n<tool_call>\n{"name": ' + (call.function.name | tojson) + ', "arguments": ' + (call.function.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+{%- elif not (loop.first and message.role == 'system') %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 12},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tools_llm(smollm2_dir, tmp_path_factory):
+    """A tiny random Llama with SmolLM2's vocabulary and tokenizer, and TEMPLATE as its chat template."""
+    from byzantium.backends import LLMPool
+    path = tmp_path_factory.mktemp("tiny-tools")
+    build_tiny("llama", vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_dir / name, path / name)
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    pool = LLMPool("native", device="cpu", num_blocks=256, max_model_len=1024)
+    yield pool.get(str(path))
+    pool.close()
+
+
+def client_of(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="anything", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def client(llm, tools_llm):  # noqa: F811
+    from byzantium.server.app import build_app
+    with serve(build_app({MODEL: llm, TOOLS_MODEL: tools_llm})) as url:
+        yield client_of(url)
+
+
+def valid_call(call):
+    """A call's arguments parse and follow its tool's schema."""
+    arguments = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert set(arguments) == {"city", "unit"} and isinstance(arguments["city"], str)
+        assert len(arguments["city"]) <= 12 and arguments["unit"] in ("celsius", "fahrenheit")
+    else:
+        assert call.function.name == "get_time" and arguments == {"zone": arguments["zone"]}
+        assert arguments["zone"] in ("UTC", "CET", "PST")
+    assert call.type == "function" and (call.id.startswith("call_") or len(call.id) == 9 and call.id.isalnum())
+    return arguments
+
+
+def ask(client, messages=ASK, **kw):
+    kw = {"temperature": 1.0, "seed": 7, "max_tokens": 120, **kw}
+    return client.chat.completions.create(model=TOOLS_MODEL, messages=messages, tools=TOOLS, **kw)
+
+
+# -- the round trip ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_call_round_trip(client, choice):
+    reply = ask(client, tool_choice=choice, parallel_tool_calls=False, extra_body={"return_token_ids": True})
+    (choice0,) = reply.choices
+    assert choice0.finish_reason == "tool_calls", choice0
+    (call,) = choice0.message.tool_calls
+    arguments = valid_call(call)
+    if isinstance(choice, dict):
+        assert call.function.name == "get_weather"
+    assert choice0.message.content is None
+    # the client runs the tool and answers with a role "tool" message; the model replies
+    answer = json.dumps({"result": "sunny", "asked": arguments})
+    history = ASK + [choice0.message,  # sent back as the client gives it (its null fields too)
+                     {"role": "tool", "tool_call_id": call.id, "content": answer}]
+    for follow in ("auto", "none"):
+        second = ask(client, history, tool_choice=follow, max_tokens=24, extra_body={"return_token_ids": True})
+        (reply2,) = second.choices
+        assert reply2.finish_reason in ("stop", "length") and not reply2.message.tool_calls
+        assert isinstance(reply2.message.content, str)
+        # the call and the tool's answer reached the model: they are in the prompt the template rendered
+        prompt = tokenizer_of(client).decode(second.prompt_token_ids)
+        assert f'"name": "{call.function.name}", "arguments": {json.dumps(arguments)}' in prompt
+        assert f"<tool_response>\n{answer}\n</tool_response>" in prompt and "<tools>" in prompt
+
+
+def tokenizer_of(client):
+    from transformers import AutoTokenizer
+    from byzantium.engine.loader import resolve_model
+    return AutoTokenizer.from_pretrained(resolve_model(MODEL))  # the tiny model's tokenizer is SmolLM2's
+
+
+def test_named_choice_calls_that_function(client):
+    for seed in range(3):
+        reply = ask(client, tool_choice={"type": "function", "function": {"name": "get_time"}}, seed=seed)
+        (call,) = reply.choices[0].message.tool_calls
+        assert call.function.name == "get_time" and valid_call(call)
+        assert reply.choices[0].finish_reason == "tool_calls"
+
+
+def test_required_with_parallel_calls_gives_valid_calls(client):
+    reply = ask(client, tool_choice="required", seed=3, max_tokens=200, n=2)
+    for choice in reply.choices:  # more calls may follow until max_tokens: every complete one is valid
+        assert choice.message.tool_calls and choice.finish_reason in ("tool_calls", "length")
+        for call in choice.message.tool_calls:
+            valid_call(call)
+        ids = [call.id for call in choice.message.tool_calls]
+        assert len(set(ids)) == len(ids)
+
+
+# -- streaming -----------------------------------------------------------------------------------------------
+def streamed(client, **kw):
+    chunks = list(ask(client, stream=True, **kw))
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            for entry in delta.tool_calls or []:
+                if entry.id is not None:  # a call's first delta: id, type, name
+                    assert entry.index not in calls and entry.type == "function" and entry.function.name
+                    calls[entry.index] = {"id": entry.id, "name": entry.function.name,
+                                          "arguments": entry.function.arguments or ""}
+                else:
+                    assert entry.function.name is None
+                    calls[entry.index]["arguments"] += entry.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert chunks[-1].choices[-1].finish_reason == finish  # the finish comes last
+    return content, [calls[k] for k in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_streamed_tool_calls_match_the_same_request_not_streamed(client, choice):
+    kw = dict(tool_choice=choice, seed=11, max_tokens=200)
+    content, calls, finish = streamed(client, **kw)
+    whole = ask(client, **kw).choices[0]
+    assert finish == whole.finish_reason and calls
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert (content or None) == whole.message.content
+    for c in calls:
+        assert c["id"].startswith("call_") and json.loads(c["arguments"])
+
+
+def test_streamed_plain_answer_with_tools_offered(client):
+    """tool_choice auto on random weights: plain text, streamed as content, as the request not streamed."""
+    kw = dict(tool_choice="auto", seed=5, max_tokens=24)
+    content, calls, finish = streamed(client, **kw)
+    whole = ask(client, **kw).choices[0]
+    assert calls == [] and not whole.message.tool_calls
+    assert content == whole.message.content and finish == whole.finish_reason
+
+
+# -- each family's grammar, end to end (the server's --tool-call-parser) -------------------------------------
+@pytest.mark.parametrize("parser", ["llama3_json", "mistral", "hermes"])
+def test_each_parser_reads_the_calls_its_grammar_forces(tools_llm, parser, client):
+    from byzantium.server.app import build_app
+    with serve(build_app({TOOLS_MODEL: tools_llm}, tool_parser=parser)) as url:
+        other = client_of(url)
+        reply = ask(other, tool_choice="required", parallel_tool_calls=False, seed=2)
+        (call,) = reply.choices[0].message.tool_calls
+        valid_call(call)
+        content, calls, finish = streamed(other, tool_choice="required", parallel_tool_calls=False, seed=2)
+        assert finish == "tool_calls" and [c["name"] for c in calls] == [call.function.name]
+
+
+# -- refusals ------------------------------------------------------------------------------------------------
+def test_a_template_without_tool_format_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=4)
+    assert error.value.body["param"] == "tools" and "no tool format" in error.value.body["message"]
+    # tool_choice "none": nothing to offer, nothing to read; a plain chat
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4)
+    assert reply.choices[0].message.tool_calls is None
+
+
+def bad(client, param, **kw):
+    kw.setdefault("tools", TOOLS)
+    kw.setdefault("messages", ASK)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=TOOLS_MODEL, max_tokens=4, **kw)
+    assert error.value.body["param"] == param, error.value.body
+    return error.value.body["message"]
+
+
+def test_bad_tool_requests_are_400s_naming_their_field(client):
+    assert "needs tools" in bad(client, "tool_choice", tools=openai.NOT_GIVEN, tool_choice="required")
+    assert "get_nothing" in bad(client, "tool_choice", tool_choice={"type": "function", "function": {"name": "get_nothing"}})
+    bad(client, "tool_choice", tool_choice="sometimes")
+    bad(client, "tool_choice", tool_choice={"type": "function"})
+    bad(client, "tools", tools=[{"type": "retrieval", "function": {"name": "x"}}])
+    bad(client, "tools", tools=[{"type": "function", "function": {"name": "has space"}}])
+    bad(client, "tools", tools=[{"type": "function", "function": {"name": "f", "parameters": "not an object"}}])
+    assert "twice" in bad(client, "tools", tools=[WEATHER, WEATHER])
+    bad(client, "response_format", tool_choice="required", response_format={"type": "json_object"})
+    bad(client, "messages[1].tool_call_id", messages=ASK + [{"role": "tool", "content": "x"}])
+    bad(client, "messages", messages=ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                                                    "function": {"name": "f"}}]}])
+    assert "cannot be enforced" in bad(client, "tools", tool_choice="required", tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}}}}])
+
+
+# -- grammars and markers, without a server ------------------------------------------------------------------
+def matcher(tokenizer, grammar):
+    import llguidance
+    import llguidance.hf
+    lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=[2])
+    return llguidance.LLMatcher(lltok, llguidance.grammar_from("grammar", grammar), log_level=1)
+
+
+def accepts(m, ids):
+    return all(m.consume_token(t) for t in ids) and m.is_accepting()
+
+
+def test_markers_that_are_added_tokens_match_as_one_token(smollm2_dir):
+    """Qwen's <tool_call> is an added token (not special), Mistral's [TOOL_CALLS] a special one: the
+    grammar names each as its token (llguidance would not match them by text), and the special one is
+    kept when decoding (decoding skips special tokens)."""
+    from transformers import AutoTokenizer
+
+    from byzantium.server.responses import decode_keeping
+    from byzantium.server.tool_parsers import PARSERS, split
+    from byzantium.server.tools import call_grammar, marker_tokens
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    hermes, mistral = PARSERS["hermes"], PARSERS["mistral"]
+    assert marker_tokens(tok, hermes, special_only=True) == {} and len(marker_tokens(tok, hermes)) == 2
+    assert list(marker_tokens(tok, mistral, special_only=True).values()) == ["[TOOL_CALLS]"]
+    body = '{"name": "get_time", "arguments": {"zone": "CET"}}'
+    ids = tok.encode(f"<tool_call>\n{body}\n</tool_call>")
+    assert ids[0] == tok.convert_tokens_to_ids("<tool_call>")
+    assert accepts(matcher(tok, call_grammar(hermes, [TIME], True, marker_tokens(tok, hermes))), ids)
+    assert split(hermes, tok.decode(ids, skip_special_tokens=True))[1][0]["name"] == "get_time"
+
+    keep = marker_tokens(tok, mistral, special_only=True)
+    ids = tok.encode(f"[TOOL_CALLS][{body}]")
+    assert ids[0] in keep and "[TOOL_CALLS]" not in tok.decode(ids, skip_special_tokens=True)
+    assert accepts(matcher(tok, call_grammar(mistral, [TIME], True, keep)), ids)
+    text = decode_keeping(tok, ids + [2], keep)  # the special marker kept, the eos skipped
+    assert text == f"[TOOL_CALLS][{body}]" and split(mistral, text)[1][0]["name"] == "get_time"
+    assert not accepts(matcher(tok, call_grammar(mistral, [TIME], True, keep)), tok.encode(f"[TOOL_CALLS][{body}, {body}]"))
+
+
+def test_template_detection():
+    from byzantium.server.tools import family, supports_tools, template_source
+
+    class Tok:
+        chat_template = {"default": "{{ messages }}", "tool_use": "{% for t in tools %}<tool_call>{% endfor %}"}
+    source = template_source(Tok())
+    assert supports_tools(source) and family(source) == "hermes"
+    assert not supports_tools("{{ messages }} toolset") and not supports_tools(None)
+    assert family("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
+    assert family("Environment: ipython {{ tools }}") == "llama3_json" and family("{{ tools }}") is None
+    assert template_source(Tok(), {"chat_template": "{{ tools }}"}) == "{{ tools }}"
+
+
+def test_the_serve_flag_names_a_parser():
+    import argparse
+
+    from byzantium.server.app import add_serve_args
+    from byzantium.server.state import Server
+    ap = argparse.ArgumentParser()
+    add_serve_args(ap)
+    assert ap.parse_args(["--tool-call-parser", "mistral"]).tool_call_parser == "mistral"
+    assert ap.parse_args([]).tool_call_parser is None
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--tool-call-parser", "pythonic"])
+    with pytest.raises(ValueError, match="unknown tool call parser"):
+        Server({"m": None}, tool_parser="pythonic")
