@@ -149,8 +149,10 @@ def plot_frontier(cells, path):
                 ax.errorbar([x], ys, yerr=err, marker="o", capsize=4, color=colours[p["method"]],
                             label=NAMES[p["method"]], clip_on=False)
             ax.set_xscale("log")
-            for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-                axis(ticker.FuncFormatter(lambda v, _: plot._count(v) if v >= 10 else f"{v:g}"))  # 2k, not 2x10^3
+            plain = ticker.FuncFormatter(lambda v, _: plot._count(v) if v >= 10 else f"{v:g}")  # 2k, not 2x10^3
+            lo, hi = ax.get_xlim()
+            ax.xaxis.set_major_formatter(plain)
+            ax.xaxis.set_minor_formatter(plain if hi < 20 * lo else ticker.NullFormatter())  # wide: decades only
             ax.tick_params(axis="x", which="both", labelsize=7)
             ax.set_xlabel(f"{label} per problem")
             ax.set_title(f"{name}: {b} of {n} corrupted", fontsize=10)
