@@ -199,6 +199,22 @@ def test_streamed_plain_answer_with_tools_offered(client):
     assert content == whole.message.content and finish == whole.finish_reason
 
 
+def test_auto_reads_what_the_model_wrote(client):
+    """tool_choice auto parses whatever the model writes: here a guided_choice makes the random model write
+    a well-formed call, or a malformed one (then it is content, as written), streamed or not."""
+    good = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    broken = 'Let me see. <tool_call>\n{"name": "get_time", "arguments": {"zone": </tool_call>'
+    for text, calls in ((good, [("get_time", '{"zone": "UTC"}')]), (broken, [])):
+        kw = dict(tool_choice="auto", extra_body={"guided_choice": [text]}, max_tokens=60)
+        whole = ask(client, **kw).choices[0]
+        got = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+        assert got == calls and whole.finish_reason == ("tool_calls" if calls else "stop")
+        assert whole.message.content == (None if calls else text)
+        content, streamed_calls, finish = streamed(client, **kw)
+        assert [(c["name"], c["arguments"]) for c in streamed_calls] == calls and finish == whole.finish_reason
+        assert (content or None) == whole.message.content
+
+
 # -- each family's grammar, end to end (the server's --tool-call-parser) -------------------------------------
 @pytest.mark.parametrize("parser", ["llama3_json", "mistral", "hermes"])
 def test_each_parser_reads_the_calls_its_grammar_forces(tools_llm, parser, client):

@@ -3,7 +3,8 @@
 Bodies are pydantic models that ignore unknown fields; sampling_params turns one into the engine's
 SamplingParams. Extensions, named as vLLM names them where it has them: `return_token_ids`,
 `return_tokens_as_token_ids`, `top_k`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`, and a
-message's `"untrusted": true` (its content tokenized as plain text: no special tokens parsed).
+message's `"untrusted": true` (its content tokenized as plain text: no special tokens parsed). Chat
+bodies take OpenAI's tools, tool_choice and parallel_tool_calls (server/tools.py reads them).
 Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 """
 from __future__ import annotations
