@@ -35,6 +35,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from .json_closing import JsonPrefix
+
 INSTALL = ("structured outputs (SamplingParams json_schema, json_object, regex, choice, grammar) need the "
            "llguidance package: pip install 'byzantium[structured]'")
 # JSON without free whitespace: item and key separators as json.dumps writes them.
@@ -73,12 +75,13 @@ def grammar_text(llguidance, kind, text):
 
 
 class GrammarState:
-    """One request's matcher: it has consumed every token the request generated so far."""
+    """One request's matcher: it has consumed every token the request generated so far. A JSON mode
+    request also has a `closer` (JsonCloser), and `closed_early` once its budget made it close."""
 
-    __slots__ = ("matcher", "error")
+    __slots__ = ("matcher", "error", "closer", "closed_early")
 
-    def __init__(self, matcher):
-        self.matcher, self.error = matcher, None
+    def __init__(self, matcher, closer=None):
+        self.matcher, self.error, self.closer, self.closed_early = matcher, None, closer, False
 
     def advance(self, token):
         if self.error is None and not self.matcher.consume_token(token):
@@ -92,6 +95,41 @@ class GrammarState:
     def valid_prefix(self, tokens):
         """How many of `tokens`, in order, the grammar would accept from here."""
         return self.matcher.validate_tokens(list(tokens))
+
+    def forced_token(self, seq):
+        """The token this request must take now so that its JSON closes within max_tokens, or None."""
+        if self.closer is None or self.error is not None:
+            return None
+        closing = self.closer.closing_tokens(seq.output_ids, seq.params.max_tokens - seq.num_output)
+        if not closing or self.valid_prefix(closing) != len(closing):
+            return None
+        self.closed_early = True
+        return closing[0]
+
+
+class JsonCloser:
+    """JSON mode's bound on length (json_closing.py): a request whose tokens left are within RESERVE of
+    the tokens that close its JSON is made to write them. RESERVE covers the most one sampled token can
+    add to the closing (e.g. `[{"` opens three things), so the closing always fits. The request's text
+    is read as it grows, each token's bytes once (JSON's structure is ASCII, so a character split
+    between tokens can only be inside a string)."""
+
+    RESERVE = 6
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prefix, self.read = tokenizer, JsonPrefix(), 0
+
+    def closing_tokens(self, output_ids, tokens_left):
+        """The token ids of the closing when it must start now, else None."""
+        if len(output_ids) > self.read:
+            text = self.tokenizer.decode_bytes(list(output_ids[self.read:])).decode("utf-8", "replace")
+            self.prefix.feed(text)
+            self.read = len(output_ids)
+        text = self.prefix.closing()
+        if not text or tokens_left > len(text) + self.RESERVE:  # a token is at least one character
+            return None
+        ids = self.tokenizer.tokenize_str(text)
+        return ids if tokens_left <= len(ids) + self.RESERVE else None
 
 
 class Grammars:
@@ -142,9 +180,12 @@ class Grammars:
         return matcher
 
     def start(self, params):
-        """A new request's GrammarState, or None when its params constrain nothing."""
+        """A new request's GrammarState, or None when its params constrain nothing. JSON mode (json_object,
+        which bounds nothing) gets a JsonCloser."""
         spec = params.structured
-        return None if spec is None else GrammarState(self.compile(*spec).deep_copy())
+        if spec is None:
+            return None
+        return GrammarState(self.compile(*spec).deep_copy(), JsonCloser(self.tokenizer) if params.json_object else None)
 
 
 def executor():
@@ -173,9 +214,19 @@ def masks(requests, vocab_size, pin=False):
     if computed:
         executor().unsafe_compute_mask_ptr(computed, bitmask.data_ptr(), words * 4, len(rows))
     for j, i in enumerate(rows):
-        if state_of(requests[i]).error is not None:
+        state = state_of(requests[i])
+        if state.error is not None:
             bitmask[j] = -1
+        forced = state.forced_token(requests[i])
+        if forced is not None:  # only that token: JSON mode closing within its budget
+            bitmask[j] = 0
+            bitmask[j, forced // 32] = _bit(forced % 32)
     return rows, bitmask
+
+
+def _bit(j):
+    """Bit j of an int32 word, as a signed int32 value."""
+    return (1 << j) - (1 << 32) * (j == 31)
 
 
 def advance(requests, tokens):
