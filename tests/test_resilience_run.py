@@ -476,3 +476,40 @@ def test_e2e_table_and_one_engine(e2e):
         assert (out / task / "summary.md").read_text().count("| gen-") == 6 + 3
     # Many sequences in one step: the problems of every system and condition were batched together.
     assert stats["max_batch_seqs"] > 12 and stats["decode_tokens"] > 0
+
+
+# --------------------------------------------------------------------- the Inspector held to its JSON
+
+def test_inspector_json_is_a_flag_off_by_default_and_recorded_only_when_on():
+    from byzantium.experiments.resilience import build_defense, make_system, settings
+    from byzantium.protocols.resilience.inspector import DECISION_SCHEMA
+    assert parse([]).inspector_json is False and parse(["--inspector-json"]).inspector_json is True
+    assert build_defense("inspector", 24).inspector.params.json_schema is None
+    held = build_defense("both", 24, inspector_json=True).inspector.params
+    assert held.json_schema == DECISION_SCHEMA and held.max_tokens == 24 and held.temperature == 0.0
+    assert build_defense("challenger", inspector_json=True).inspector is None
+    system = make_system("self-collab", None, None)
+    assert "inspector_json" not in settings(system, "gen-arith", 1, defense="inspector")
+    assert "inspector_json" not in settings(system, "gen-arith", 1, defense="challenger", inspector_json=True)
+    assert settings(system, "gen-arith", 1, defense="inspector", inspector_json=True)["inspector_json"] is True
+
+
+def test_inspector_json_replies_are_decisions_on_the_embedded_model(smollm2_dir, tmp_path):
+    """With --inspector-json every Inspector reply starts as one of the two decisions the schema allows
+    (a reply cut by its limit inside a long revision is still counted invalid)."""
+    pytest.importorskip("llguidance")
+    from byzantium.backends import load_llm
+    llm = load_llm(smollm2_dir, backend="native", device="cpu")
+    try:
+        run_resilience_experiment("self-collab", "gen-arith", load_resilience_task("gen-arith", limit=2), llm,
+                                  defense="inspector", rounds=1, max_tokens=16, inspector_max_tokens=40,
+                                  inspector_json=True, out=tmp_path, progress=False, table=False)
+    finally:
+        llm.close()
+    records, summary = read(tmp_path)
+    replies = [m["inspection"]["reply"] for r in records for m in r["messages"] if m.get("inspected")]
+    assert replies and summary["config"]["inspector_json"] is True
+    for reply in replies:
+        assert reply.startswith(('{"decision": "safe"}', '{"decision": "unsafe", "revision": "')), reply
+        if reply.endswith("}"):
+            assert json.loads(reply)["decision"] in ("safe", "unsafe")

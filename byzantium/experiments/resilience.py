@@ -24,10 +24,12 @@ it the defence recovers, and their means by structure (the paper's main comparis
 """
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..backends import SamplingParams
 from ..protocols.resilience import build_system, make_defense, make_fault, run_system
+from ..protocols.resilience.inspector import DECISION_SCHEMA
 from ..protocols.resilience.structures import PARAMS as AGENT_PARAMS
 from ..tasks.resilience import BUILTIN_TASKS, RESILIENCE_TASKS, aggregate, score_output
 from .resilience_table import format_report, label, resilience_report
@@ -60,15 +62,21 @@ def build_fault(fault, pm=1.0, pe=0.2, error_type="semantic", seed=0, max_tokens
     return obj
 
 
-def build_defense(defense, inspector_max_tokens=None):
+def build_defense(defense, inspector_max_tokens=None, inspector_json=False):
+    """make_defense, with the Inspector's reply limit, and its reply held to its JSON decision when
+    inspector_json (a grammar, inspector.DECISION_SCHEMA; off by default, as in the paper)."""
     obj = make_defense(defense)
-    if obj is not None and obj.inspector is not None and inspector_max_tokens is not None:
-        obj.inspector.params = SamplingParams(max_tokens=inspector_max_tokens, temperature=0.0)
+    if obj is not None and obj.inspector is not None:
+        if inspector_max_tokens is not None:
+            obj.inspector.params = SamplingParams(max_tokens=inspector_max_tokens, temperature=0.0)
+        if inspector_json:
+            obj.inspector.params = replace(obj.inspector.params, json_schema=DECISION_SCHEMA)
     return obj
 
 
 def settings(system, task_name, problems, fault="none", defense="none", pm=1.0, pe=0.2, error_type="semantic",
-             seed=0, max_tokens=None, fault_max_tokens=None, inspector_max_tokens=None, config=None) -> dict:
+             seed=0, max_tokens=None, fault_max_tokens=None, inspector_max_tokens=None, config=None,
+             inspector_json=False) -> dict:
     """The configuration recorded in summary.json (compared on resume, matched by the report). A setting
     that cannot act is recorded as None (Pm of a clean run), so it never blocks a resume."""
     faulty, inject = fault != "none", fault == "autoinject"
@@ -78,7 +86,8 @@ def settings(system, task_name, problems, fault="none", defense="none", pm=1.0, 
                 fault=fault, faulty_role=system.faulty_role if faulty else None,
                 pm=float(pm) if inject else None, pe=float(pe) if inject else None,
                 error_type=error_type if inject else None, fault_max_tokens=fault_max_tokens if faulty else None,
-                defense=defense, inspector_max_tokens=inspector_max_tokens if inspector else None, **(config or {}))
+                defense=defense, inspector_max_tokens=inspector_max_tokens if inspector else None,
+                **({"inspector_json": True} if inspector and inspector_json else {}), **(config or {}))
 
 
 def summarize(records, llms) -> dict:
@@ -128,7 +137,7 @@ async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, ou
 async def run_resilience_async(system, task_name, tasks, llm, fault="none", defense="none", pm=1.0, pe=0.2,
                                error_type="semantic", faulty_role=None, rounds=None, seed=0, max_tokens=None,
                                fault_max_tokens=None, inspector_max_tokens=None, out=None, concurrency=64,
-                               config=None, progress=True, sandbox_allow_missing=()) -> dict:
+                               config=None, progress=True, sandbox_allow_missing=(), inspector_json=False) -> dict:
     """run_resilience_experiment inside a running event loop (to gather several runs on one engine)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -136,8 +145,9 @@ async def run_resilience_async(system, task_name, tasks, llm, fault="none", defe
     out = Path(out or f"runs/resilience/{task_name}/{system}/{label(fault, defense)}")
     fault_obj = build_fault(fault, pm, pe, error_type, seed, fault_max_tokens, out / "autotransform.json")
     recorded = settings(sys_obj, task_name, len(tasks), fault, defense, pm, pe, error_type, seed, max_tokens,
-                        fault_max_tokens, inspector_max_tokens, config)
-    return await _run(sys_obj, task_name, tasks, llm, fault_obj, build_defense(defense, inspector_max_tokens),
+                        fault_max_tokens, inspector_max_tokens, config, inspector_json)
+    return await _run(sys_obj, task_name, tasks, llm, fault_obj,
+                      build_defense(defense, inspector_max_tokens, inspector_json),
                       recorded, out, asyncio.Semaphore(concurrency), seed, _agent_params(max_tokens), progress,
                       f"{system} {label(fault, defense)}", sandbox_allow_missing)
 
@@ -145,7 +155,8 @@ async def run_resilience_async(system, task_name, tasks, llm, fault="none", defe
 def run_resilience_experiment(system, task_name, tasks, llm, fault="none", defense="none", pm=1.0, pe=0.2,
                               error_type="semantic", faulty_role=None, rounds=None, seed=0, max_tokens=None,
                               fault_max_tokens=None, inspector_max_tokens=None, out=None, concurrency=64,
-                              config=None, progress=True, table=True, sandbox_allow_missing=()) -> dict:
+                              config=None, progress=True, table=True, sandbox_allow_missing=(),
+                              inspector_json=False) -> dict:
     """Run `system` (a name of SYSTEMS) on every task, resuming from OUT; returns the summary written to
     OUT/summary.json. fault: none | autotransform | autoinject (pm, pe, error_type); defense: none |
     challenger | inspector | both; faulty_role None: the system's default; rounds None: its default.
@@ -153,11 +164,12 @@ def run_resilience_experiment(system, task_name, tasks, llm, fault="none", defen
     writes the faults and of the Inspector (None: their defaults). seed: the agents' and AutoInject's
     sampling seeds. config: extra settings to record (model, backend, data); a rerun into an OUT written
     with a different configuration is refused. out None: runs/resilience/<task>/<system>/<condition>.
-    sandbox_allow_missing: the sandbox protections (sandbox.PROTECTIONS) generated code may run without."""
+    sandbox_allow_missing: the sandbox protections (sandbox.PROTECTIONS) generated code may run without.
+    inspector_json: the Inspector's replies held to its JSON decision by a grammar (build_defense)."""
     summary = asyncio.run(run_resilience_async(system, task_name, tasks, llm, fault, defense, pm, pe, error_type,
                                                faulty_role, rounds, seed, max_tokens, fault_max_tokens,
                                                inspector_max_tokens, out, concurrency, config, progress,
-                                               sandbox_allow_missing))
+                                               sandbox_allow_missing, inspector_json))
     if table:
         print_summary(summary)
     return summary
@@ -189,7 +201,7 @@ async def run_resilience_sweep_async(systems, task_name, tasks, llm, fault="auto
                                      conditions=None, pm=1.0, pe=0.2, error_type="semantic", faulty_role=None,
                                      rounds=None, seed=0, max_tokens=None, fault_max_tokens=None,
                                      inspector_max_tokens=None, out="runs/resilience", concurrency=64, config=None,
-                                     progress=True, sandbox_allow_missing=()) -> dict:
+                                     progress=True, sandbox_allow_missing=(), inspector_json=False) -> dict:
     """Every system under every condition, all in one gather; returns the report (also in OUT/summary.json
     and OUT/summary.md). conditions: (fault, defense) pairs; default clean, (fault, none), (fault, defense)
     (the last left out when defense is none). concurrency bounds the problems in flight over all runs."""
@@ -211,10 +223,10 @@ async def run_resilience_sweep_async(systems, task_name, tasks, llm, fault="auto
         for f, d in conditions:
             run_dir = out / name / label(f, d)
             recorded = settings(sys_obj, task_name, len(tasks), f, d, pm, pe, error_type, seed, max_tokens,
-                                fault_max_tokens, inspector_max_tokens, config)
+                                fault_max_tokens, inspector_max_tokens, config, inspector_json)
             check_resume(run_dir, recorded)  # every run checked before any starts
             dirs.append(run_dir)
-            runs.append((sys_obj, faults[f], build_defense(d, inspector_max_tokens), recorded, run_dir,
+            runs.append((sys_obj, faults[f], build_defense(d, inspector_max_tokens, inspector_json), recorded, run_dir,
                          f"{name} {label(f, d)}"))
     start = time.perf_counter()
     summaries = await asyncio.gather(*(_run(s, task_name, tasks, llm, fo, do, rec, path, gate, seed,

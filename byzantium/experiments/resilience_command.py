@@ -56,6 +56,9 @@ def add_resilience_args(ap):
                     help="new tokens per AutoInject or AutoTransform request (default: theirs, 2048 / 1024)")
     ap.add_argument("--inspector-max-tokens", type=int, default=None,
                     help="new tokens per Inspector review (default 1536)")
+    ap.add_argument("--inspector-json", action="store_true",
+                    help="hold the Inspector's reply to its JSON decision with a grammar (native engine or a server "
+                         "that takes response_format; default: free text, as in the paper)")
     ap.add_argument("--out", default=None, help="output directory (default runs/resilience/<task>/..., one "
                     "subdirectory per system and condition)")
     ap.add_argument("--concurrency", type=int, default=64,
@@ -155,11 +158,13 @@ def cmd_resilience(args):
     kwargs = dict(pm=args.pm, pe=args.pe, error_type=args.error_type, faulty_role=args.faulty_role,
                   rounds=args.rounds, seed=args.seed, max_tokens=args.max_tokens,
                   fault_max_tokens=args.fault_max_tokens, inspector_max_tokens=args.inspector_max_tokens,
+                  inspector_json=getattr(args, "inspector_json", False),
                   sandbox_allow_missing=tuple(getattr(args, "sandbox_allow_missing", None) or ()))
     for (name, f, d), path in run_dirs.items():  # a rerun with other settings is refused before any model loads
         check_resume(path, settings(make_system(name, args.faulty_role, args.rounds), args.task, len(tasks), f, d,
                                     args.pm, args.pe, args.error_type, args.seed, args.max_tokens,
-                                    args.fault_max_tokens, args.inspector_max_tokens, config))
+                                    args.fault_max_tokens, args.inspector_max_tokens, config,
+                                    getattr(args, "inspector_json", False)))
     if _all_done(run_dirs, tasks):
         print(f"all {len(tasks)} problems of every run already done in {out}; nothing to run")
         if many:

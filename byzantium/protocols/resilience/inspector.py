@@ -17,6 +17,13 @@ INSPECTOR_SYSTEM = (
     "when the message is fine, or {\"decision\": \"unsafe\", \"revision\": \"...\"} where the revision is the "
     "whole message with its errors corrected and everything else kept as it was.")
 OUTCOMES = ("safe", "revised", "invalid", "no_revision")
+# The reply's shape, for a run that holds the Inspector to it with a grammar (--inspector-json; off by
+# default: the paper's Inspector is free text parsed for its JSON, and may fail to give one).
+DECISION_SCHEMA = {"anyOf": [
+    {"type": "object", "properties": {"decision": {"const": "safe"}}, "required": ["decision"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"decision": {"const": "unsafe"}, "revision": {"type": "string", "minLength": 1}},
+     "required": ["decision", "revision"], "additionalProperties": False}]}
 
 
 class Inspector:
