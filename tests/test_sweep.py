@@ -191,6 +191,8 @@ def test_a_shipped_file_is_found_by_name(no_loading, tmp_path, capsys):
     assert "ct_table1" in capsys.readouterr().err  # the shipped names
     assert main(["sweep", "ct_table9", "--out", str(tmp_path / "o"), "--backend", "openai"]) == 2
     assert "--base-url" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert main(["sweep", "ct_table9", "--dry-run"]) == 0  # a dry run writes nothing: no --out needed
+    assert main(["sweep", "ct_table9"]) == 2 and "--out DIR is required" in capsys.readouterr().err
 
 
 def test_chat_template_kwargs_reach_the_template(smollm2_dir):
@@ -258,6 +260,10 @@ def test_an_adversary_that_runs_a_model_loads_it_and_an_adaptive_one_judges_in_c
         assert cell.argv[cell.argv.index("--judge-max-tokens") + 1] == "77"  # cpwbft's adaptive adversary judges
     path.write_text(SAC_BASE + "adversary = 'adaptive'\nadversary_model = 'b/adv'\nbyzantine = 0\n")
     assert all(cell.models == ["a/strong"] for cell in load_sweep(path).cells)  # no adversary: no model
+    # the context a cell needs covers a judgement wherever one is made (SAC's receivers, an adaptive adversary)
+    path.write_text(SAC_BASE + f"adversary = '{adversary}'\nmax_tokens = 10\njudge_max_tokens = 900\n")
+    for cell in load_sweep(path).cells:
+        assert (needed_len(cell, 0) > 900) == (cell.method == "sac" or adversary == "adaptive"), cell.name
 
 
 def test_one_budget_for_both_families(tmp_path):

@@ -26,7 +26,8 @@ from .running import run_sweep
 def add_sweep_args(ap):
     ap.add_argument("file", help="an experiment file (TOML), or the name of a shipped one (byzantium/experiments/"
                                  "configs/: sac_table3_4, ct_table1, mas_main, ...)")
-    ap.add_argument("--out", required=True, help="output directory: DIR/sweep.json and DIR/<cell>/")
+    ap.add_argument("--out", default=None, help="output directory: DIR/sweep.json and DIR/<cell>/ (required "
+                                                "unless --dry-run)")
     ap.add_argument("--scale", choices=("smoke", "paper"), default="smoke",
                     help="smoke (default): the embedded model, a few questions, short answers (minutes on a CPU); "
                          "paper: the paper's models and sizes (GPUs)")
@@ -71,6 +72,8 @@ def run_flags(args):
 
 
 def cmd_sweep(args):
+    if args.out is None and not args.dry_run:
+        raise ValueError("--out DIR is required: where the cells' runs and sweep.json go (only --dry-run needs none)")
     try:
         sweep = load_sweep(args.file, args.scale, args.data_root, check_files=True)
     except ConfigError as error:

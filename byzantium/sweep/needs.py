@@ -18,12 +18,13 @@ def needed_len(cell, prompt_budget=PROMPT_BUDGET):
     """The max_model_len a cell needs: the longest prompt plus what is generated after it (an estimate:
     the prompt is prompt_budget tokens). RR: the shared answer of L tokens follows each agent's prompt;
     SAC: a refine prompt holds the neighbours' final answers (only answers travel, not reasoning), then
-    max_tokens (or a judgement of judge_max_tokens); resilience: a few earlier messages, then max_tokens."""
+    max_tokens (or a judgement of judge_max_tokens, also an adaptive adversary's); resilience: a few earlier messages, then max_tokens."""
     p = cell.params
     if cell.method in RR:
         return prompt_budget + p.get("max_len", 512)
     if cell.method in SAC:
-        generated = max(p.get("max_tokens", 1000), p.get("judge_max_tokens", 1000) if cell.method == "sac" else 0)
+        judges = cell.method == "sac" or p.get("adversary") == "adaptive"  # CP-WBFT's adaptive adversary judges too
+        generated = max(p.get("max_tokens", 1000), p.get("judge_max_tokens", 1000) if judges else 0)
         return prompt_budget + p.get("agents", 7) * ANSWER_BUDGET + generated
     return prompt_budget + (HISTORY_TURNS + 1) * p.get("max_tokens", 1024)
 
