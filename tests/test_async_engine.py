@@ -83,3 +83,34 @@ def test_the_engine_is_built_on_the_step_thread_and_the_loop_runs_no_torch_math(
     want = Engine(tiny_llama[1], num_blocks=64).score(prompts, [5, 7])
     assert got == want and all(-30 < v <= 0 for d in got for v in d.values())
     engine.shutdown()
+
+
+def test_a_loop_cancelled_mid_step_leaves_the_engine_to_the_step(tiny_llama):
+    """The stepping task cancelled while a step runs in its thread (the event loop closing): an abort asked
+    for during the step runs after the step has ended, never beside it on the engine."""
+    import threading
+    _, path = tiny_llama
+    engine = AsyncEngine(path, num_blocks=64)
+    real_step, in_step, events = engine.engine.step, threading.Event(), []
+
+    def slow_step():
+        in_step.set()
+        events.append("step starts")
+        threading.Event().wait(0.3)
+        result = real_step()
+        events.append("step ends")
+        return result
+
+    engine.engine.step = slow_step
+
+    async def main():
+        task = asyncio.create_task(engine.generate([[1, 2, 3]], SamplingParams(max_tokens=50)))
+        while not in_step.is_set():
+            await asyncio.sleep(0.01)
+        engine._now_or_after_step(lambda: events.append("abort"))
+        engine._loop_task.cancel()
+        task.cancel()
+        await asyncio.sleep(0.6)  # the step's thread ends meanwhile; its done-callback runs here
+
+    asyncio.run(main())
+    assert events[:3] == ["step starts", "step ends", "abort"]

@@ -122,6 +122,20 @@ class AsyncEngine:
             raise
         return seqs
 
+    def _end_step(self):
+        """After a step: the aborts and closes that waited for it, then whoever waited for its end."""
+        self._stepping = False
+        actions, self._after_step = self._after_step, []
+        for action in actions:
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - an abort or close must not stop the loop
+                logger.exception("byzantium: an abort or close after a step failed")
+        waiting, self._step_ended = self._step_ended, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+
     async def _run(self):
         loop = asyncio.get_running_loop()
         while True:
@@ -129,8 +143,14 @@ class AsyncEngine:
             if not self.engine.has_work():
                 break
             self._stepping = True
+            step = loop.run_in_executor(self._executor, self.engine.step)
             try:
-                ended = await loop.run_in_executor(self._executor, self.engine.step)
+                ended = await asyncio.shield(step)  # cancelling this task must not mark the step ended
+            except asyncio.CancelledError:
+                # Cancelled (the loop is closing) while the step still runs in its thread: the after-step
+                # aborts and closes must wait for it, never touch the engine beside it.
+                step.add_done_callback(lambda _: self._end_step())
+                raise
             except Exception as error:  # noqa: BLE001 - not a failed forward pass (step handles those): a bug
                 logger.exception("byzantium: an engine step raised; failing the requests in flight")
                 ended = []
@@ -138,18 +158,7 @@ class AsyncEngine:
                     seq.error = error
                     self.engine.abort(seq)
                     ended.append(seq)
-            finally:
-                self._stepping = False
-                actions, self._after_step = self._after_step, []
-                for action in actions:
-                    try:
-                        action()
-                    except Exception:  # noqa: BLE001 - an abort or close must not stop the loop
-                        logger.exception("byzantium: an abort or close after a step failed")
-                waiting, self._step_ended = self._step_ended, []
-                for future in waiting:
-                    if not future.done():
-                        future.set_result(None)
+            self._end_step()
             for seq in ended:
                 _, future = self._waiters.pop(seq.seq_id, (None, None))
                 if future is None or future.done():
