@@ -127,7 +127,7 @@ def test_erdos_renyi_is_seeded_and_robust():
 
 
 def test_erdos_renyi_gives_up_clearly():
-    with pytest.raises(RuntimeError, match="no 5-robust sample"):
+    with pytest.raises(RuntimeError, match="no sample certified 5-robust"):
         erdos_renyi(10, 5, seed=0, max_tries=3)
 
 

@@ -5,6 +5,7 @@ Byzantine Faults"), their checks before any model loads (the graph included), an
     byzantium run sac --agents 7 --weak 2 --byzantine 1 --adversary fixed --f 3 --rounds 6 \
         --topology merg --task gen-arith --limit 20 --score-mode logprob --out runs/sac
 """
+import argparse
 from functools import partial
 
 from ..backends import DEFAULT_MODEL, SamplingParams, add_backend_args, check_models, pool_kwargs
@@ -12,20 +13,53 @@ from ..commands import Command, already_done, load_questions, run_pool, task_arg
 from ..protocols.byzantine import ADVERSARY_MODES
 from ..protocols.prompts import TEMPERATURE
 from .runner import check_resume
-from .sac import check_config, print_table, read_edges, run_experiment, settings
+from .sac import AUTO, check_config, print_table, read_edges, run_experiment, settings
+
+
+def count_or_share(text):
+    """--weak / --byzantine: a count (2), or a share of --agents with a decimal point (0.286 = 2 of 7)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a count nor a share of the agents") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: a share of the agents is between 0 and 1")
+    return value
+
+
+def f_or_auto(text):
+    """--f: an integer, or auto (the largest F the graph is certified for)."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor 'auto'") from None
 
 
 def sac_args(ap, protocol):
     """The flags of `run sac|cpwbft` (the paper's defaults: n=7 = 4 strong, 2 weak, 1 adversarial; F=3; T=6)."""
     ap.add_argument("--agents", type=int, default=7, help="n agents (default 7)")
-    ap.add_argument("--weak", type=int, default=2, help="faulty agents on the weak model (default 2)")
-    ap.add_argument("--byzantine", type=int, default=1, help="adversarial agents (default 1)")
+    ap.add_argument("--weak", type=count_or_share, default=2,
+                    help="faulty agents on the weak model: a count, or a share of --agents such as 0.286 "
+                         "(rounded half up; a line-up that scales with n) (default 2)")
+    ap.add_argument("--byzantine", type=count_or_share, default=1,
+                    help="adversarial agents: a count or a share of --agents, as --weak (default 1)")
     ap.add_argument("--adversary", choices=ADVERSARY_MODES, default="fixed",
                     help="fixed: a cached answer verified wrong; decoy: a model writes a confident, subtly wrong "
                          "solution; equivocate: a different wrong answer to each neighbour; judge-targeted: the "
                          "fixed answer with text aimed at the judges appended; adaptive: each round the wrong "
                          "answer (its own or a neighbour's) its own model's judge scores highest (default fixed)")
-    ap.add_argument("--f", dest="F", type=int, default=3, help="F: neighbours each agent may drop (default 3)")
+    ap.add_argument("--f", dest="F", type=f_or_auto, default=3,
+                    help="F: neighbours each agent may drop (default 3); auto: the largest F the graph is certified "
+                         "for (its robustness - 1, below every degree; summary.json says how it was checked)")
+    ap.add_argument("--robustness", type=count_or_share, default=None, metavar="R",
+                    help="the robustness the preferential and er graphs are built for: a number, or a share of "
+                         "--agents such as 0.4 (rounded up) (default F+1; with --f auto, 0.4 of --agents)")
     ap.add_argument("--rounds", type=int, default=6, help="T rounds (default 6)")
     ap.add_argument("--topology", choices=("merg", "complete", "er", "preferential"), default=None,
                     help="the graph, verified (F+1)-robust (default merg)")
@@ -70,14 +104,14 @@ def sac_args(ap, protocol):
 
 def prepare_sac(args):
     """Check every argument of `run sac|cpwbft` (graph included) and load the questions; loads no model.
-    Returns (sampling params, model names, questions, the --graph edges or None); sets args.topology
-    ("edges" for --graph)."""
+    Returns (sampling params, model names, questions, the --graph edges or None, the checked graph); sets
+    args.topology ("edges" for --graph)."""
     if args.graph is not None and args.topology is not None:
         raise ValueError("give --topology or --graph, not both")
     edges = read_edges(args.graph) if args.graph is not None else None
     args.topology = "edges" if edges is not None else args.topology or "merg"
-    check_config(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
-                 args.topology, args.seed, args.score_mode, edges)
+    graph = check_config(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
+                         args.topology, args.seed, args.score_mode, edges, args.robustness)
     for flag in ("concurrency", "max_tokens", "judge_max_tokens"):
         value = getattr(args, flag, 1)
         if value < 1:
@@ -90,15 +124,15 @@ def prepare_sac(args):
     weak = args.weak_model or strong  # only one model is embedded: the weak agents default to it
     adversary = args.adversary_model or strong
     # Model names by role; None where no agent needs one.
-    models = {"strong": strong, "weak": weak if args.weak else None,
-              "adversary": adversary if args.byzantine and args.adversary in ("decoy", "adaptive") else None}
+    models = {"strong": strong, "weak": weak if graph.graph["weak"] else None,
+              "adversary": adversary if graph.graph["byzantine"] and args.adversary in ("decoy", "adaptive") else None}
     tasks = load_questions(args)
     check_models(args, [m for m in models.values() if m is not None])
-    return params, models, tasks, edges
+    return params, models, tasks, edges, graph
 
 
 def cmd_run_sac(args):
-    (solve, judge), models, tasks, edges = prepare_sac(args)
+    (solve, judge), models, tasks, edges, graph = prepare_sac(args)
     out = args.out or f"runs/{args.method}"
     all_rounds = getattr(args, "all_rounds", False)  # CP-WBFT's flag
     logprob_kind = getattr(args, "logprob_kind", "yes")  # SAC's flag
@@ -109,7 +143,7 @@ def cmd_run_sac(args):
         config["ra_ties"] = ra_ties
     check_resume(out, settings(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F,
                                args.rounds, args.topology, args.seed, args.score_mode, logprob_kind, solve, judge,
-                               all_rounds, len(tasks), config, edges))  # before any model loads
+                               all_rounds, len(tasks), config, edges, graph, args.robustness))  # before any model loads
     if already_done(out, tasks, print_table):
         return
     with run_pool(args, **pool_kwargs(args)) as pool:
@@ -120,7 +154,7 @@ def cmd_run_sac(args):
         run_experiment(args.method, tasks, strong, weak, adversary, args.agents, args.weak, args.byzantine,
                        args.adversary, args.F, args.rounds, args.topology, args.seed, args.score_mode,
                        logprob_kind, solve, judge, all_rounds, out, args.concurrency, config,
-                       progress=not args.no_progress, edges=edges, ra_ties=ra_ties)
+                       progress=not args.no_progress, edges=edges, ra_ties=ra_ties, robustness=args.robustness)
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 

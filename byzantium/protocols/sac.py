@@ -14,9 +14,10 @@
 
 Only final answer strings travel between agents. Adversaries do not run the protocol; they send
 `Adversary.message(receiver, t)` (a decoy first writes its answer, alongside round 0's solves). Within a
-round every agent goes at its own pace: its judgements are issued at once (asyncio.gather), and it refines
-and re-scores as soon as its own judgements are in, not when every agent's are (what it does depends on
-nothing else); the engine batches all of it with the calls of every other agent and instance in flight. Every call is sampled with its own seed from (run seed, problem,
+round the judgements of every agent are issued together, in one pass, and then every agent goes at its own
+pace: it refines and re-scores as soon as its own judgements are in, not when every agent's are (what it
+does depends on nothing else); the engine batches all of it with the calls of every other agent and instance
+in flight. Every call is sampled with its own seed from (run seed, problem,
 agent, round, purpose): "solve", "judge" (with the agent judged), "refine".
 """
 import asyncio
@@ -128,11 +129,15 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         def msg(j, i):
             return answer[j] if agents[j].honest else agents[j].adversary.message(i, t)
         phase_done = asyncio.Barrier(len(honest)) if lockstep else None
+        # The round's n x degree judgements, every honest agent's of every neighbour, issued in one pass
+        # before anything awaits: all reach the engine before its next step and share its forward passes
+        # (as many as its token budget holds), whatever pace the agents then go at.
+        pending = {a.id: [asyncio.ensure_future(judge(a, t, msg(j, a.id), j)) for j in nbrs[a.id]] for a in honest}
 
         async def agent_round(a):
             """Agent a's round t. It needs only its own judgements, so it refines as soon as they are in;
             the round ends when every agent's has (the next round reads every answer of this one)."""
-            got = await asyncio.gather(*(judge(a, t, msg(j, a.id), j) for j in nbrs[a.id]))
+            got = await asyncio.gather(*pending[a.id])
             got = dict(zip(nbrs[a.id], got))
             scores = [(j, got[j]["score"]) for j in nbrs[a.id]]
             below, dropped, kept = filter_neighbours(phi[a.id], scores, F)
