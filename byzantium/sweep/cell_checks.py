@@ -97,7 +97,7 @@ def _static_checks(method, args):
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     if method in SAC:
         sac.check_config(method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
-                     args.topology or "merg", args.seed, args.score_mode, None)
+                     args.topology or "merg", args.seed, args.score_mode, None, args.robustness)
         return
     m = args.trajectories if args.trajectories is not None or method != "rrmaj" else args.agents
     models = args.models.split(",") if args.models else [args.model] * args.agents

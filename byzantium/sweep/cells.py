@@ -23,11 +23,12 @@ KEYS = {
     "weak_model": ("--weak-model", SAC), "adversary_model": ("--adversary-model", SAC),
     "score_mode": ("--score-mode", SAC), "judge_max_tokens": ("--judge-max-tokens", SAC),
     "logprob_kind": ("--logprob-kind", {"sac"}), "ra_ties": ("--ra-ties", {"sac"}),
-    "all_rounds": ("--all-rounds", {"cpwbft"}),
+    "all_rounds": ("--all-rounds", {"cpwbft"}), "robustness": ("--robustness", SAC),
     "rounds": ("--rounds", SAC | RES), "max_tokens": ("--max-tokens", SAC | RES),
     "system": ("--system", RES), "fault": ("--fault", RES), "defence": ("--defense", RES), "pm": ("--pm", RES),
     "pe": ("--pe", RES), "error_type": ("--error-type", RES), "faulty_role": ("--faulty-role", RES),
     "fault_max_tokens": ("--fault-max-tokens", RES), "inspector_max_tokens": ("--inspector-max-tokens", RES),
+    "inspector_json": ("--inspector-json", RES),
     "task": ("--task", RR | SAC | RES), "data": ("--data", RR | SAC | RES), "limit": ("--limit", RR | SAC | RES),
     "sample": ("--sample", RR | SAC), "sample_seed": ("--sample-seed", RR | SAC),
     "seed": ("--seed", RR | SAC | RES), "temperature": ("--temperature", RR | SAC),
@@ -35,7 +36,7 @@ KEYS = {
     "pattern": (None, RR), "corrupted": (None, RR), "method": (None, RR | SAC | RES),
     "budget": (None, RR | SAC),  # corrupted agents of N: RR's --corrupt, SAC's --byzantine (one scale for both)
 }
-BOOL_KEYS = ("allow_identical", "all_rounds")
+BOOL_KEYS = ("allow_identical", "all_rounds", "inspector_json")
 PER_TASK = ("max_len", "max_tokens")  # settings a task table may carry: each data set's own length limit
 
 
@@ -168,7 +169,11 @@ def _check_type(key, value, fail):
     ints = ("agents", "corrupt", "chunk", "trajectories", "max_len", "weak", "byzantine", "F", "rounds",
             "max_tokens", "judge_max_tokens", "fault_max_tokens", "inspector_max_tokens", "limit", "seed",
             "concurrency", "sample", "sample_seed", "candidates")
-    if key in ints and (not isinstance(value, int) or isinstance(value, bool)):
+    if key in ("weak", "byzantine", "robustness") and isinstance(value, float) and 0.0 <= value <= 1.0:
+        return  # a share of the agents (SAC's line-up and graphs scaled with n)
+    if key == "F" and value == "auto":
+        return  # the largest F the graph is certified for
+    if key in ints + ("robustness",) and (not isinstance(value, int) or isinstance(value, bool)):
         fail(key, f"an integer, got {value!r}")
     if key in ("temperature", "pm", "pe") and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         fail(key, f"a number, got {value!r}")
@@ -267,7 +272,7 @@ def _name(method, params, axis_names):
 SHORT = {"resilience": "res"}
 PREFIX = {"chunk": "K", "trajectories": "M", "max_len": "L", "F": "F", "rounds": "T", "weak": "w",
           "byzantine": "b", "temperature": "t", "seed": "s", "limit": "n", "agents": "N", "max_tokens": "mt",
-          "judge_max_tokens": "jt", "pm": "pm", "pe": "pe", "candidates": "cand"}
+          "judge_max_tokens": "jt", "pm": "pm", "pe": "pe", "candidates": "cand", "robustness": "r"}
 
 
 def _part(key, value):
