@@ -85,3 +85,16 @@ def test_cost_bars_carry_their_values(figure, monkeypatch):
     assert [t.get_text() for t in sec.texts] == ["3.2", "4.0"]
     for ax in (tok, sec):
         assert ax.get_xlabel() and ax.get_ylabel()
+
+
+def test_adversary_bars_are_signed_points_with_their_intervals(figure, monkeypatch):
+    monkeypatch.setattr(data, "by_adversary", lambda cells: [dict(method="sac", topology="merg", label="math", modes={
+        "fixed": {"BFTI": (0.25, -0.1, 0.5), "H-Majority": (0.75, 0.5, 0.9)},
+        "adaptive": {"BFTI": (-0.2, -0.4, 0.0), "H-Majority": None}})])
+    (ax,) = plot.plot_adversaries([], "x.png").axes
+    assert [t.get_text() for t in ax.texts] == ["25", "75", "-20", ""]  # no H-Majority: no bar, no value
+    fixed, adaptive = (c for c in ax.containers if c.get_label() in ("fixed", "adaptive"))
+    assert [b.get_height() for b in fixed] == pytest.approx([25, 75]) and adaptive[0].get_height() == pytest.approx(-20)
+    assert ax.get_ylim() == (-100, 100) and "SAC, merg, math" == ax.get_title()
+    monkeypatch.setattr(data, "by_adversary", lambda cells: [])
+    assert plot.plot_adversaries([], "x.png") is None  # one adversary mode only: nothing to compare

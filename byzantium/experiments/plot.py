@@ -10,6 +10,7 @@ Only the plots the cells support are drawn (no K plot without two chunk sizes of
     k.png           accuracy vs chunk size K (MAJ of the same setting as a line with its 95 % CI as a band)
     cost.png        prefill, decode and cached tokens and wall seconds, MAJ vs RRMaj
     frontier.png    accuracy vs decode / prefill tokens and seconds per problem, per budget (report_frontier)
+    adversaries.png SAC / CP-WBFT BFTI and H-Majority under each adversary mode, one panel per setting
 
 Accuracy axes are 0-100 % and every band and error bar is clipped to it (a mean ± std can pass 100);
 bars carry their values.
@@ -235,6 +236,35 @@ def plot_cost(cells, path):
     return _save(fig, path)
 
 
+def plot_adversaries(cells, path):
+    groups = data.by_adversary(cells)
+    if not groups:
+        return None
+    axes, fig = _grid(len(groups), ncols=2)
+    for ax, g in zip(axes, groups):
+        metrics = data.ADVERSARY_METRICS
+        width = 0.8 / len(g["modes"])
+        for i, (mode, values) in enumerate(g["modes"].items()):
+            # BFTI is a signed difference in points, H-Majority a share: both drawn in points, bars on 0
+            nan = float("nan")
+            ys = [100 * values[m][0] if values[m] and values[m][0] is not None else nan for m in metrics]
+            err = [[100 * (values[m][0] - values[m][1]) if values[m] and values[m][0] is not None else nan
+                    for m in metrics],
+                   [100 * (values[m][2] - values[m][0]) if values[m] and values[m][0] is not None else nan
+                    for m in metrics]]
+            off = i * width - 0.4 + width / 2
+            bars = ax.bar([x + off for x in range(len(metrics))], ys, width, yerr=err, capsize=3, label=mode)
+            _values(ax, bars, lambda v: f"{v:+.0f}" if v < 0 else f"{v:.0f}")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(metrics)), ["BFTI (points)", "H-Majority (%)"])
+        ax.set_ylim(-100, 100)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(f"{'SAC' if g['method'] == 'sac' else 'CP-WBFT'}, {g['topology']}, {g['label']}", fontsize=10)
+        ax.legend(fontsize=8, title="adversary", title_fontsize=8)
+    fig.suptitle("SAC / CP-WBFT under each adversary (95% CI)")
+    return _save(fig, path)
+
+
 def _count(v):
     for unit, size in (("M", 1e6), ("k", 1e3)):
         if v >= size:
@@ -242,8 +272,8 @@ def _count(v):
     return f"{v:.0f}"
 
 
-PLOTS = {"sweep.png": plot_sweep, "scaling.png": plot_scaling, "rounds.png": plot_rounds,
-         "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost, "frontier.png": plot_frontier}
+PLOTS = {"adversaries.png": plot_adversaries, "sweep.png": plot_sweep, "scaling.png": plot_scaling,
+         "rounds.png": plot_rounds, "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost, "frontier.png": plot_frontier}
 
 
 def make_plots(dirs, out=None) -> list:
