@@ -307,3 +307,20 @@ def test_pool_shares_one_client_per_served_name(served):
         assert a is b and a is not c and pool.check("x") == "x"
         assert c.model == "anything-the-server-names" and c.tokenizer is None
     assert a._loop.is_closed()
+
+
+@pytest.mark.parametrize("constraint", [
+    dict(json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                      "additionalProperties": False}),
+    dict(json_object=True), dict(regex=r"[0-9]{2,3}"), dict(choice=["yes", "no", "maybe"]),
+    dict(grammar='start: "a" | "b" "c"')])
+def test_structured_outputs_reach_the_server(served, constraint):
+    """A constrained request through the server (response_format, guided_*) gives what the native engine
+    gives for it: the constraint is sent, not dropped."""
+    pytest.importorskip("llguidance")
+    native, url, remote = served
+    msgs = [{"role": "user", "content": "How many legs has a spider? Answer in JSON."}]
+    params = SamplingParams(max_tokens=24, temperature=0.9, seed=3, **constraint)
+    here, there = run(native.chat(msgs, params)), run(remote.chat(msgs, params))
+    assert there.text == here.text and there.token_ids == here.token_ids
+    assert run(remote.generate("Count: ", params)).text == run(native.generate("Count: ", params)).text

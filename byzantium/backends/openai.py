@@ -39,7 +39,7 @@ import torch
 from ..engine.chat import render_chat
 from .base import LLM, Completion, TokenSession
 from .openai_wire import (TOP_LOGPROBS, OpenAIBackendError, api_base, extra_field, load_openai_tokenizer,
-                          refuses_extension, wire_messages)
+                          refuses_extension, structured_fields, wire_messages)
 from .params import SamplingParams
 
 class OpenAISession(TokenSession):
@@ -161,9 +161,15 @@ class OpenAILLM(LLM):
             kwargs.update(logprobs=True, top_logprobs=params.logprobs)
         elif params.logprobs is not None:
             kwargs["logprobs"] = params.logprobs
+        structured = structured_fields(params)
+        if chat and "response_format" in structured:  # OpenAI's field; on /v1/completions vLLM's extension
+            kwargs["response_format"] = structured.pop("response_format")
+        if structured and not extensions:
+            raise OpenAIBackendError(f"model {self.model!r}, {self.base_url}: {next(iter(structured))} is an "
+                                     f"extension this server refused; it cannot constrain the output")
         if not extensions:
             return kwargs, {}
-        extra = {"return_token_ids": True}
+        extra = {"return_token_ids": True, **structured}
         if params.top_k > 0:
             extra["top_k"] = params.top_k
         if params.stop_token_ids:

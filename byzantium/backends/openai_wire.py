@@ -3,6 +3,7 @@ fields (vLLM's names) and a server's refusal of one, messages marked untrusted, 
 do not declare."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from ..engine.loader import HUB_ID, load_tokenizer, resolve_model
 
 TOP_LOGPROBS = 20  # the most vLLM returns by default (its max_logprobs)
 EXTENSIONS = ("return_token_ids", "return_tokens_as_token_ids", "top_k", "stop_token_ids", "ignore_eos",
-              "chat_template_kwargs", "untrusted")
+              "chat_template_kwargs", "untrusted", "guided_regex", "guided_choice", "guided_grammar")
 
 
 class OpenAIBackendError(RuntimeError):
@@ -71,3 +72,22 @@ def wire_messages(messages, untrusted, extensions):
             m["untrusted"] = True
         out.append(m)
     return out
+
+
+def structured_fields(params):
+    """SamplingParams' structured-output constraint as request fields: JSON as OpenAI's response_format,
+    a regex, choice or grammar as vLLM's guided_* extensions (which our server takes too)."""
+    spec = params.structured
+    if spec is None:
+        return {}
+    kind, text = spec
+    if params.json_object:
+        return {"response_format": {"type": "json_object"}}
+    if kind == "json_schema":
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "output", "schema": json.loads(text), "strict": True}}}
+    if kind == "regex":
+        return {"guided_regex": text}
+    if kind == "choice":
+        return {"guided_choice": json.loads(text)}
+    return {"guided_grammar": text}
