@@ -2,9 +2,9 @@
 schema-valid JSON on the embedded model at temperature 0 and 1 (every one of 20 prompts), guided_choice
 and guided_regex hold, and bad or conflicting constraints are 400s naming their field.
 
-JSON mode without a schema (json_object) is enforced too, but the 135M model often writes an object
-that never closes before max_tokens (tests/test_structured.py reads that honestly): here every output
-that finished must parse."""
+JSON mode without a schema (json_object) gives a JSON object every time too: the 135M model often writes
+an object that would not close before max_tokens, and the engine makes it close within its budget
+(finish_reason "length"; engine/json_closing.py)."""
 import json
 import re
 
@@ -54,16 +54,15 @@ def test_json_schema_gives_valid_json_every_time(client, temperature):
         assert valid(json.loads(choice.message.content))
 
 
-def test_json_object_outputs_that_finish_parse(client):
-    finished = 0
-    for i, topic in enumerate(TOPICS[:6]):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_object_gives_a_json_object_every_time(client, temperature):
+    for i, topic in enumerate(TOPICS):
         reply = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": f"Give {topic}'s name and age as JSON."}],
-            response_format={"type": "json_object"}, temperature=0.0, seed=i, max_tokens=96)
-        if reply.choices[0].finish_reason == "stop":
-            assert isinstance(json.loads(reply.choices[0].message.content), dict)
-            finished += 1
-    assert finished >= 1
+            response_format={"type": "json_object"}, temperature=temperature, seed=i, max_tokens=48)
+        choice = reply.choices[0]
+        assert isinstance(json.loads(choice.message.content), dict), choice.message.content
+        assert choice.finish_reason in ("stop", "length")  # "length": closed by its budget (json_closing.py)
 
 
 def test_guided_choice_and_regex(client):
