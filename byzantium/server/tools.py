@@ -18,13 +18,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..engine.grammar import JSON_OPTIONS  # JSON without free whitespace, as every schema is compiled
 from .schemas import APIError, structured
 from .tool_parsers import PARSERS
 
 CHOICES = ("none", "auto", "required")
-# JSON written as the grammar engine writes it elsewhere (engine/grammar.py): no free whitespace, which
-# a small model can emit forever.
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass
@@ -141,7 +139,7 @@ def call_grammar(parser, tools, single, markers):
         return f"<[{by_text[text]}]>" if text in by_text else json.dumps(text)
 
     def json_rule(schema):
-        return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
+        return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
 
     more = "" if single else " (sep call)*"
     if parser.name == "hermes":
