@@ -10,6 +10,7 @@ Only the plots the cells support are drawn (no K plot without two chunk sizes of
     k.png           accuracy vs chunk size K (MAJ of the same setting as a line with its 95 % CI as a band)
     cost.png        prefill, decode and cached tokens and wall seconds, MAJ vs RRMaj
     frontier.png    accuracy vs decode / prefill tokens and seconds per problem, per budget (report_frontier)
+    sac_scale.png   SAC / CP-WBFT FAA, BFTI, tokens and seconds vs the number of agents (report_scale)
     adversaries.png SAC / CP-WBFT BFTI and H-Majority under each adversary mode, one panel per setting
 
 Accuracy axes are 0-100 % and every band and error bar is clipped to it (a mean ± std can pass 100);
@@ -21,6 +22,7 @@ from ..commands import Command
 from . import report_data as data
 from .report_cells import load_cells
 from .report_frontier import plot_frontier
+from .report_scale import plot_scale
 
 DPI = 110
 
@@ -273,7 +275,8 @@ def _count(v):
 
 
 PLOTS = {"adversaries.png": plot_adversaries, "sweep.png": plot_sweep, "scaling.png": plot_scaling,
-         "rounds.png": plot_rounds, "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost, "frontier.png": plot_frontier}
+         "rounds.png": plot_rounds, "resilience.png": plot_resilience, "k.png": plot_k, "cost.png": plot_cost, "frontier.png": plot_frontier,
+         "sac_scale.png": plot_scale}
 
 
 def make_plots(dirs, out=None) -> list:

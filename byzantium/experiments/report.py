@@ -17,6 +17,7 @@ from pathlib import Path
 from ..commands import Command
 from . import report_data as data
 from .report_frontier import frontier_table
+from .report_scale import scale_table
 from .report_cells import format_published, load_cells, matches, metric_name, short_model
 
 FORMATS = ("md", "csv", "tex")
@@ -284,6 +285,7 @@ def build_report(dirs) -> list:
                final_speaker_table(cells), k_table(cells), cost_table(cells)]
     tables += byzantine_tables(cells) + [adversary_table(cells)] + resilience_tables(cells)
     tables.append(frontier_table(cells))
+    tables.append(scale_table(cells))
     tables += [averages_table(cells, sweeps, analysis.get("m_max", 40), analysis.get("trials", 50)),
                published_table(cells, sweeps)]
     return [t for t in tables if t is not None]
