@@ -44,8 +44,8 @@ def _row(cell):
                 weak=c.get("weak"), byzantine=c.get("byzantine"), problems=len(cell.records),
                 **{m: mean_ci([x[m] for x in metrics]) for m in METRICS},
                 decode=per_problem(s, "decode_tokens"), prefill=per_problem(s, "prefill_tokens"),
-                seconds=per_problem(s, "seconds"), batched=b.get("share_batched"),
-                rows_per_pass=b.get("mean_rows_per_pass"))
+                seconds=per_problem(s, "seconds"), batched=b.get("share_prompts_batched"),
+                rows_batched=b.get("share_batched"), rows_per_pass=b.get("mean_rows_per_pass"))
 
 
 def scale_rows(cells) -> list:
@@ -74,7 +74,8 @@ def scale_table(cells):
             f"{r['weak']} + {r['byzantine']}", str(r["problems"]),
             pct(r["FAA"]), pct(r["BFTI"], True), pct(r["H-Majority"]),
             _num(r["decode"], "{:,.0f}"), _num(r["prefill"], "{:,.0f}"), _num(r["seconds"], "{:,.1f}"),
-            "–" if r["batched"] is None else f"{100 * r['batched']:.0f}% ({r['rows_per_pass']:.1f}/pass)"]
+            "–" if r["batched"] is None else
+            f"{100 * r['batched']:.0f}% (rows {100 * r['rows_batched']:.0f}%, {r['rows_per_pass']:.1f}/pass)"]
            for r in rows]
     return Table("SAC at scale", ["protocol", "setting", "topology", "n", "F", "robustness (check)",
                                   "weak + byzantine", "problems", "FAA", "BFTI", "H-Majority", "decode tok/problem",
@@ -86,19 +87,23 @@ def scale_table(cells):
                   "costs per problem over the run's invocations (costs.jsonl): the engine's counters and wall seconds "
                   "over the problems, which ran concurrently (seconds/problem is throughput, not latency); cells of one "
                   "sweep share an engine, so prefix-cache hits carry over between them.",
-                  "scoring batched: the share of the judges' prefill rows (a prompt, or a chunk of a long one) that "
-                  "ran in a forward pass with at least one other, and the mean number a pass; from the engine's step "
-                  "records (native backend only)."])
+                  "scoring batched: the share of the judge prompts that shared a forward pass with another one: "
+                  "those that rode on an identical prompt's row (the same answer judged by the same model is computed "
+                  "once) and those whose prefill row (a prompt, or a chunk of a long one) ran in a pass with another "
+                  "scoring row; in brackets the share of scoring rows in such passes and their mean number a pass. "
+                  "From the engine's step records (native backend only)."])
 
 
 def plot_scale(cells, path):
     """FAA, BFTI, tokens and seconds per problem against n: a line per protocol and topology, 95% CIs as
     error bars, costs on log axes (they grow with the edges, ~n^2 on MERG)."""
+    from matplotlib import ticker
+
     from . import plot  # here: plot.py imports this module to register the plot
     rows = scale_rows(cells)
     if not rows:
         return None
-    axes, fig = plot._grid(4, ncols=4)
+    axes, fig = plot._grid(4, ncols=2)
     curves = list(dict.fromkeys((r["method"], r["setting"], r["topology"]) for r in rows))
     for i, key in enumerate(curves):
         mine = [r for r in rows if (r["method"], r["setting"], r["topology"]) == key]
@@ -121,9 +126,13 @@ def plot_scale(cells, path):
     axes[2].set_ylabel("prefill + decode tokens per problem")
     axes[3].set_ylabel("seconds per problem")
     for ax in axes[2:]:
-        ax.set_yscale("log")
+        if any(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
+            ax.set_yscale("log")  # nothing positive (no costs recorded): a log axis has nothing to show
+            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis(ticker.FuncFormatter(lambda v, _: plot._count(v) if v >= 10 else f"{v:g}"))  # 2k, not 2x10^3
         ax.grid(True, which="both", alpha=0.3)
     for ax, title in zip(axes, ("final agent accuracy", "BFTI = FAA - IAA", "tokens", "wall time")):
+        ax.set_xticks(sorted({r["n"] for r in rows}))
         ax.set_xlabel("agents n")
         ax.set_title(title, fontsize=10)
     axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))

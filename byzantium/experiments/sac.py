@@ -25,7 +25,7 @@ from ..backends.params import SamplingParams
 from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft
-from ..protocols.metrics.sac import COUNTS, GROUPS, RA_TIES, summarize as summarize_metrics
+from ..protocols.metrics.sac import COUNTS, GROUPS, RA_TIES, judgements, summarize as summarize_metrics
 from ..protocols.sac import LOGPROB_KINDS, SCORE_MODES, Scorer, run_sac
 from .rr import engine_stats
 from .runner import SUMMARY, run_instances
@@ -266,7 +266,13 @@ def summarize(records, llms, since=None, graph=None, marks=None):
         out["graph"] = graph_facts(graph)
     batches = scoring_batches(llms, marks)
     if batches is not None and batches["rows"]:
-        out["scoring_batches"] = batches
+        # Per judge prompt: a prompt without a row of its own rode on an identical one's row in the same
+        # pass (the same answer judged by the same model), so it shared that pass too. (A resumed run counts
+        # its earlier problems' prompts but not their steps: its share reads high.)
+        prompts = sum(map(judgements, records))
+        riders = max(0, prompts - batches["rows"])
+        out["scoring_batches"] = {**batches, "prompts": prompts, "riders": riders,
+                                  "share_prompts_batched": (riders + batches["batched_rows"]) / prompts if prompts else None}
     return out
 
 
@@ -312,6 +318,16 @@ def print_table(summary):
         ra += ", a tie to the first honest agent (the reference's rule)"
     print(f"RA: {ra} (the paper's); RA-all: plurality of all agents, adversaries included (ours)")
     print("failures: " + ", ".join(f"{k.replace('_', ' ')} {summary[k]}" for k in _counts(c) if k in summary))
+    g = summary.get("graph")
+    if g:
+        print(f"graph: {g['edges']} edges, degree {g['min_degree']}-{g['max_degree']}, {g['r']}-robust "
+              f"({g['check']}{'' if g['exact'] else ', a lower bound'}); F {g['F']}" + (" (auto)" if c.get("F_auto") else ""))
+    b = summary.get("scoring_batches")
+    if b:
+        print(f"scoring: {b['prompts']} judge prompts; {b['riders']} rode on an identical prompt's row, "
+              f"{b['batched_rows']} of the {b['rows']} scoring prefill rows shared a forward pass with another: "
+              f"{100 * (b['share_prompts_batched'] or 0):.1f}% of the prompts batched; {b['passes']} passes, "
+              f"{b['mean_rows_per_pass']:.1f} rows a pass on average, up to {b['max_rows_per_pass']}")
     e = summary["engine"]
     print(f"engine: prefill {e['prefill_tokens']}, decode {e['decode_tokens']}, cached {e['cached_tokens']} tokens; "
           f"{e['steps']} steps, batch of up to {e['max_batch_seqs']} sequences")

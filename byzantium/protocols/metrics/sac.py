@@ -111,6 +111,17 @@ def instance_metrics(record) -> dict:
     return out
 
 
+def judgements(record) -> int:
+    """The judge calls SAC's honest agents made on one problem: each one's self-score in round 0, then per
+    round one per neighbour plus a re-score when its answer changed (0 for CP-WBFT, whose agents judge none)."""
+    if record.get("protocol") != "sac":
+        return 0
+    count = sum(1 for a in record["rounds"][0]["agents"] if "self_score" in a)
+    for r in record["rounds"][1:]:
+        count += sum(len(a["scores"]) + (a["answer"] != a["previous"]) for a in r["agents"] if "scores" in a)
+    return count
+
+
 def _mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
