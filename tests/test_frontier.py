@@ -9,7 +9,7 @@ import re
 import pytest
 
 from byzantium.cli import main
-from byzantium.experiments import plot
+from byzantium.experiments import figures, plot
 from byzantium.experiments import report_frontier as rf
 from byzantium.experiments.plot import make_plots
 from byzantium.experiments.report import build_report
@@ -156,7 +156,7 @@ def test_the_table_is_the_runs(swept):
 def test_the_plot_has_a_row_per_budget_and_each_point_is_a_run(swept, monkeypatch):
     (path,) = [p for p in make_plots([swept], swept / "plots") if p.name == "frontier.png"]
     assert path.stat().st_size > 0
-    monkeypatch.setattr(plot, "_save", lambda fig, path: fig)
+    monkeypatch.setattr(figures, "save", lambda fig, path: fig)
     fig = rf.plot_frontier(build_cells(swept), "x.png")
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert len(axes) == 2 * len(rf.COSTS)

@@ -20,60 +20,12 @@ from pathlib import Path
 
 from ..commands import Command
 from . import report_data as data
+from .figures import clip as _clip, count as _count, err as _err, grid as _grid, percent_axis as _percent_axis
+from .figures import plt as _plt, save as _save, values as _values
 from .report_cells import load_cells
 from .report_frontier import plot_frontier
 from .report_scale import plot_scale
 
-DPI = 110
-
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")  # files only; no display needed
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _clip(v):
-    return min(100.0, max(0.0, v))
-
-
-def _err(ts):
-    """(points, [lower errors, upper errors]) in % from (point, lo, hi) tuples, the interval clipped to
-    0-100 %; None stays NaN (a gap in the line)."""
-    nan = float("nan")
-    ys = [100 * t[0] if t else nan for t in ts]
-    lo = [100 * t[0] - _clip(100 * t[1]) if t else nan for t in ts]
-    hi = [_clip(100 * t[2]) - 100 * t[0] if t else nan for t in ts]
-    return ys, [lo, hi]
-
-
-def _percent_axis(ax, label="accuracy (%)"):
-    ax.set_ylim(0, 100)  # the lines are drawn unclipped (clip_on=False), so markers on 0 or 100 show whole
-    ax.set_ylabel(label)
-    ax.grid(True, alpha=0.3)
-
-
-def _values(ax, bars, fmt):
-    """Each bar's value written on it, so that a bar says what it shows without reading the axis."""
-    ax.bar_label(bars, labels=[fmt(b.get_height()) for b in bars], fontsize=7, padding=2)
-
-
-def _grid(n, ncols=3):
-    """n panels, up to ncols a row (a paper-scale sweep has dozens of settings); spare axes hidden."""
-    rows, cols = -(-n // ncols), min(n, ncols)
-    fig, axes = _plt().subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
-    axes = list(axes.flat)
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    return axes[:n], fig
-
-
-def _save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    _plt().close(fig)
-    return path
 
 
 def plot_sweep(cells, path):
@@ -265,13 +217,6 @@ def plot_adversaries(cells, path):
         ax.legend(fontsize=8, title="adversary", title_fontsize=8)
     fig.suptitle("SAC / CP-WBFT under each adversary (95% CI)")
     return _save(fig, path)
-
-
-def _count(v):
-    for unit, size in (("M", 1e6), ("k", 1e3)):
-        if v >= size:
-            return f"{v / size:.1f}{unit}"
-    return f"{v:.0f}"
 
 
 PLOTS = {"adversaries.png": plot_adversaries, "sweep.png": plot_sweep, "scaling.png": plot_scaling,

@@ -11,7 +11,6 @@ trials. A sweep's published numbers appear beside the cells whose params match t
 """
 import csv
 import io
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..commands import Command
@@ -19,33 +18,9 @@ from . import report_data as data
 from .report_frontier import frontier_table
 from .report_scale import scale_table
 from .report_cells import format_published, load_cells, matches, metric_name, short_model
+from .report_table import Table, num as _num, pct, pts
 
 FORMATS = ("md", "csv", "tex")
-
-
-@dataclass
-class Table:
-    title: str
-    header: list
-    rows: list
-    notes: list = field(default_factory=list)
-
-
-def pct(t, signed=False):
-    """(point, lo, hi) in [0, 1] (or points when already scaled) as '61.0 [52.3, 69.7]'."""
-    if t is None or t[0] is None:
-        return "–"
-    f = "{:+.1f}" if signed else "{:.1f}"
-    return f"{f.format(100 * t[0])} [{f.format(100 * t[1])}, {f.format(100 * t[2])}]"
-
-
-def pts(t, signed=False):
-    """The same for numbers already in points."""
-    return "–" if t is None or t[0] is None else pct(tuple(x / 100 for x in t), signed)
-
-
-def _num(x, spec="{:,.0f}"):
-    return "–" if x is None else spec.format(x)
 
 
 # ---------------------------------------------------------------------------- tables

@@ -13,7 +13,9 @@ final answers (RA-all: adversaries counted, as MAJ counts its corrupted voters; 
 honest agents only, which a user cannot pick out).
 """
 from ..protocols.metrics.intervals import mean_ci
+from . import figures
 from .report_cells import sac_metrics, short_model, value
+from .report_table import Table, num, pct
 
 METHODS = ("maj", "rr", "rrmaj", "sac", "cpwbft")
 NAMES = {"maj": "MAJ", "rr": "RR", "rrmaj": "RRMaj", "sac": "SAC", "cpwbft": "CP-WBFT"}
@@ -92,13 +94,8 @@ def _on_frontier(p, group, key):
     return True
 
 
-def _num(x, spec):
-    return "–" if x is None else spec.format(x)
-
-
 def frontier_table(cells):
     """The report's table (None when no cell qualifies)."""
-    from .report import Table, pct  # here: report.py imports this module to register the table
     points = frontier(cells)
     if not points:
         return None
@@ -107,8 +104,8 @@ def frontier_table(cells):
         cost = p["cost"] or {}
         b, n = p["budget"]
         rows.append([p["setting"], f"{b} of {n}", NAMES[p["method"]], p["cell"].name, str(p["n"]), pct(p["accuracy"]),
-                     _num(cost.get("decode_tokens"), "{:,.0f}"), _num(cost.get("prefill_tokens"), "{:,.0f}"),
-                     _num(cost.get("cached_tokens"), "{:,.0f}"), _num(cost.get("seconds"), "{:,.2f}"),
+                     num(cost.get("decode_tokens"), "{:,.0f}"), num(cost.get("prefill_tokens"), "{:,.0f}"),
+                     num(cost.get("cached_tokens"), "{:,.0f}"), num(cost.get("seconds"), "{:,.2f}"),
                      ", ".join(name.split()[0] for key, name in COSTS if key in p["frontier"]) or "–"])
     return Table("Accuracy / cost frontier under attack",
                  ["setting", "corrupted", "method", "cell", "n", "accuracy [95% CI]", "decode tok/problem",
@@ -131,12 +128,11 @@ def plot_frontier(cells, path):
     axes: the methods' costs differ by orders of magnitude), one row of panels per setting and budget."""
     from matplotlib import ticker
 
-    from . import plot  # here: plot.py imports this module to register the plot
     points = frontier(cells)
     if not points:
         return None
     rows = list(dict.fromkeys((p["setting"], p["budget"]) for p in points))
-    axes, fig = plot._grid(len(rows) * len(COSTS), ncols=len(COSTS))
+    axes, fig = figures.grid(len(rows) * len(COSTS), ncols=len(COSTS))
     colours = {m: f"C{i}" for i, m in enumerate(METHODS)}
     for r, (name, (b, n)) in enumerate(rows):
         mine = [p for p in points if (p["setting"], p["budget"]) == (name, (b, n))]
@@ -145,21 +141,21 @@ def plot_frontier(cells, path):
                 x = (p["cost"] or {}).get(key)
                 if not x:
                     continue  # no cost recorded (or 0 on a log axis): not placed
-                ys, err = plot._err([p["accuracy"]])
+                ys, err = figures.err([p["accuracy"]])
                 ax.errorbar([x], ys, yerr=err, marker="o", capsize=4, color=colours[p["method"]],
                             label=NAMES[p["method"]], clip_on=False)
             ax.set_xscale("log")
-            plain = ticker.FuncFormatter(lambda v, _: plot._count(v) if v >= 10 else f"{v:g}")  # 2k, not 2x10^3
+            plain = ticker.FuncFormatter(lambda v, _: figures.count(v) if v >= 10 else f"{v:g}")  # 2k, not 2x10^3
             lo, hi = ax.get_xlim()
             ax.xaxis.set_major_formatter(plain)
             ax.xaxis.set_minor_formatter(plain if hi < 20 * lo else ticker.NullFormatter())  # wide: decades only
             ax.tick_params(axis="x", which="both", labelsize=7)
             ax.set_xlabel(f"{label} per problem")
             ax.set_title(f"{name}: {b} of {n} corrupted", fontsize=10)
-            plot._percent_axis(ax)
+            figures.percent_axis(ax)
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the row: never on a point
     fig.suptitle("Accuracy vs measured cost under attack (95% CI)")
-    return plot._save(fig, path)
+    return figures.save(fig, path)
 
 
 __all__ = ["METHODS", "budget", "correct", "per_problem_cost", "frontier", "frontier_table", "plot_frontier"]

@@ -11,7 +11,9 @@ another cell of its method, setting and topology has another n (a sweep over n, 
 by side). F and the line-up are the run's own (with --f auto, the graph's certified robustness - 1).
 """
 from ..protocols.metrics.intervals import mean_ci
+from . import figures
 from .report_cells import sac_metrics, short_model
+from .report_table import Table, num, pct
 
 METHODS = ("sac", "cpwbft")
 NAMES = {"sac": "SAC", "cpwbft": "CP-WBFT"}
@@ -59,13 +61,8 @@ def scale_rows(cells) -> list:
     return rows
 
 
-def _num(x, spec):
-    return "–" if x is None else spec.format(x)
-
-
 def scale_table(cells):
     """The report's "SAC at scale" table (None when no cell qualifies)."""
-    from .report import Table, pct  # here: report.py imports this module to register the table
     rows = scale_rows(cells)
     if not rows:
         return None
@@ -73,7 +70,7 @@ def scale_table(cells):
             f"{r['r']}-robust: {r['check']}" + ("" if r["exact"] else " (lower bound)"),
             f"{r['weak']} + {r['byzantine']}", str(r["problems"]),
             pct(r["FAA"]), pct(r["BFTI"], True), pct(r["H-Majority"]),
-            _num(r["decode"], "{:,.0f}"), _num(r["prefill"], "{:,.0f}"), _num(r["seconds"], "{:,.1f}"),
+            num(r["decode"], "{:,.0f}"), num(r["prefill"], "{:,.0f}"), num(r["seconds"], "{:,.1f}"),
             "–" if r["batched"] is None else
             f"{100 * r['batched']:.0f}% (rows {100 * r['rows_batched']:.0f}%, {r['rows_per_pass']:.1f}/pass)"]
            for r in rows]
@@ -99,18 +96,17 @@ def plot_scale(cells, path):
     error bars, costs on log axes (they grow with the edges, ~n^2 on MERG)."""
     from matplotlib import ticker
 
-    from . import plot  # here: plot.py imports this module to register the plot
     rows = scale_rows(cells)
     if not rows:
         return None
-    axes, fig = plot._grid(4, ncols=2)
+    axes, fig = figures.grid(4, ncols=2)
     curves = list(dict.fromkeys((r["method"], r["setting"], r["topology"]) for r in rows))
     for i, key in enumerate(curves):
         mine = [r for r in rows if (r["method"], r["setting"], r["topology"]) == key]
         ns = [r["n"] for r in mine]
         style = dict(color=f"C{i % 10}", marker="o", capsize=3, linestyle="-" if key[0] == "sac" else "--",
                      label=f"{NAMES[key[0]]} {key[2]}" + (f" ({key[1]})" if len({c[1] for c in curves}) > 1 else ""))
-        ys, err = plot._err([r["FAA"] for r in mine])
+        ys, err = figures.err([r["FAA"] for r in mine])
         axes[0].errorbar(ns, ys, yerr=err, clip_on=False, **style)
         bfti = [r["BFTI"] for r in mine]
         axes[1].errorbar(ns, [100 * t[0] for t in bfti], yerr=[[100 * (t[0] - t[1]) for t in bfti],
@@ -119,7 +115,7 @@ def plot_scale(cells, path):
         axes[2].plot(ns, [r["decode"] + r["prefill"] if None not in (r["decode"], r["prefill"]) else float("nan")
                           for r in mine], **style)
         axes[3].plot(ns, [float("nan") if r["seconds"] is None else r["seconds"] for r in mine], **style)
-    plot._percent_axis(axes[0], "FAA (%)")
+    figures.percent_axis(axes[0], "FAA (%)")
     axes[1].axhline(0, color="grey", linewidth=0.8)
     axes[1].set_ylabel("BFTI (points)")
     axes[1].grid(True, alpha=0.3)
@@ -129,7 +125,7 @@ def plot_scale(cells, path):
         if any(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
             ax.set_yscale("log")  # nothing positive (no costs recorded): a log axis has nothing to show
             for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(ticker.FuncFormatter(lambda v, _: plot._count(v) if v >= 10 else f"{v:g}"))  # 2k, not 2x10^3
+                axis(ticker.FuncFormatter(lambda v, _: figures.count(v) if v >= 10 else f"{v:g}"))  # 2k, not 2x10^3
         ax.grid(True, which="both", alpha=0.3)
     for ax, title in zip(axes, ("final agent accuracy", "BFTI = FAA - IAA", "tokens", "wall time")):
         ax.set_xticks(sorted({r["n"] for r in rows}))
@@ -137,7 +133,7 @@ def plot_scale(cells, path):
         ax.set_title(title, fontsize=10)
     axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle("SAC at scale: accuracy and measured cost vs n (95% CI)")
-    return plot._save(fig, path)
+    return figures.save(fig, path)
 
 
 __all__ = ["METHODS", "setting", "per_problem", "scale_rows", "scale_table", "plot_scale"]
