@@ -6,9 +6,11 @@ schema (long enough that no request ends before --new tokens), then unconstraine
 per decode step: the grammar's own work, timed inside the engine (grammar.masks: llguidance's masks;
 apply_bitmask: -inf where refused; advance: each matcher takes its token), and the whole step of each
 run (best of the repeats). The first is the cost; the second difference is that cost plus the machine's
-noise. Appends a dated entry to bench/results/grammar_mask.md.
+noise. --constraint json_object measures JSON mode instead (no schema; its grammar time includes the
+closing that keeps it within max_tokens, engine/json_closing.py). Appends a dated entry to
+bench/results/grammar_mask.md.
 
-    python bench/grammar_mask.py [--batches 1,32] [--new 48] [--repeats 2]
+    python bench/grammar_mask.py [--batches 1,32] [--new 48] [--repeats 2] [--constraint schema|json_object]
 """
 import argparse
 import datetime
@@ -34,6 +36,8 @@ SCHEMA = {
     },
     "required": ["name", "age", "role", "summary", "tags"],
 }
+NAMES = {"schema": "JSON schema", "json_object": "JSON mode"}
+CONSTRAINTS = {"schema": dict(json_schema=SCHEMA), "json_object": dict(json_object=True)}
 TOPICS = ["a cat", "a city", "a book", "a car", "a planet", "a song", "a tree", "a river"]
 
 
@@ -81,6 +85,7 @@ def main():
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--constraint", choices=("schema", "json_object"), default="schema")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "grammar_mask.md"))
     args = ap.parse_args()
     if not grammar.available():
@@ -93,9 +98,9 @@ def main():
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [engine.render_chat([{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} (record {i}) "
                                         "as JSON."}]) for i in range(batch)]
-        constrained = SamplingParams(max_tokens=args.new, json_schema=SCHEMA)
+        constrained = SamplingParams(max_tokens=args.new, **CONSTRAINTS[args.constraint])
         plain = SamplingParams(max_tokens=args.new, ignore_eos=True)
-        engine.generate(prompts[:1], SamplingParams(max_tokens=4, json_schema=SCHEMA))  # compile, warm up
+        engine.generate(prompts[:1], SamplingParams(max_tokens=4, **CONSTRAINTS[args.constraint]))  # compile, warm up
         best = {}
         for _ in range(args.repeats):
             for name, params in (("schema", constrained), ("plain", plain)):
@@ -108,17 +113,17 @@ def main():
                          schema_ms=1e3 * s["seconds"] / steps, plain_ms=1e3 * p["seconds"] / (p["tokens"] / batch),
                          lengths=(min(s["lengths"]), max(s["lengths"]))))
         r = rows[-1]
-        print(f"batch {batch}: grammar {r['grammar_ms']:.2f} ms/step; step {r['schema_ms']:.1f} ms schema vs "
-              f"{r['plain_ms']:.1f} ms plain over {r['steps']} steps; schema outputs {r['lengths']} tokens", flush=True)
+        print(f"batch {batch}: grammar {r['grammar_ms']:.2f} ms/step; step {r['schema_ms']:.1f} ms constrained vs "
+              f"{r['plain_ms']:.1f} ms plain over {r['steps']} steps; constrained outputs {r['lengths']} tokens", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [f"\n## {datetime.date.today().isoformat()}\n",
              f"Command: `.venv/bin/python bench/grammar_mask.py --batches {args.batches} --new {args.new} --repeats "
-             f"{args.repeats}` (code at {commit}). CPU: {cpu_model()}, {os.cpu_count()} cores; load average "
+             f"{args.repeats} --constraint {args.constraint}` (code at {commit}). CPU: {cpu_model()}, {os.cpu_count()} cores; load average "
              f"{load:.1f} at the end (other work on the machine inflates the step times, not the grammar's share "
              f"much). Embedded SmolLM2-135M, fp32, speculation off; vocabulary 49152.\n",
-             "| batch | decode steps | grammar ms / step | step ms, JSON schema | step ms, unconstrained | grammar share of "
-             "the schema step |", "|---|---|---|---|---|---|"]
+             f"| batch | decode steps | grammar ms / step | step ms, {NAMES[args.constraint]} | step ms, unconstrained | "
+             "grammar share of the constrained step |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['steps']} | {r['grammar_ms']:.2f} | {r['schema_ms']:.1f} | {r['plain_ms']:.1f} | "
                      f"{100 * r['grammar_ms'] / r['schema_ms']:.1f}% |")
