@@ -4,7 +4,8 @@ and guided_regex hold, and bad or conflicting constraints are 400s naming their 
 
 JSON mode without a schema (json_object) gives a JSON object every time too: the 135M model often writes
 an object that would not close before max_tokens, and the engine makes it close within its budget
-(finish_reason "length"; engine/json_closing.py)."""
+(finish_reason "length"; engine/json_closing.py), and so does a schema that bounds nothing
+(engine/json_schema_closing.py)."""
 import json
 import re
 
@@ -63,6 +64,30 @@ def test_json_object_gives_a_json_object_every_time(client, temperature):
         choice = reply.choices[0]
         assert isinstance(json.loads(choice.message.content), dict), choice.message.content
         assert choice.finish_reason in ("stop", "length")  # "length": closed by its budget (json_closing.py)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_schema_that_bounds_nothing_gives_an_instance_every_time(client, temperature):
+    """Strings and lists of any length and other properties not excluded: the objects take only the
+    properties they name (strict_schema.py), and an answer that would run past max_tokens is closed as an
+    instance (json_schema_closing.py)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"},
+                                               "genres": {"type": "array", "items": {"type": "string"}},
+                                               "plot": {"type": "string"}},
+              "required": ["title", "year", "genres", "plot"]}
+    format_ = {"type": "json_schema", "json_schema": {"name": "movie", "schema": schema}}
+    lengths = set()
+    for i, topic in enumerate(TOPICS):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Describe a movie about {topic} as JSON."}],
+            response_format=format_, temperature=temperature, seed=i, max_tokens=48)
+        choice = reply.choices[0]
+        value = json.loads(choice.message.content)
+        jsonschema.validate(value, schema)
+        assert set(value) == set(schema["properties"]), choice.message.content
+        lengths.add(choice.finish_reason)
+    assert lengths <= {"stop", "length"} and "length" in lengths  # some were closed by their budget
 
 
 def test_guided_choice_and_regex(client):

@@ -165,8 +165,9 @@ def test_matcher_allows_eos_only_when_complete(smollm2_dir):
     from byzantium.engine.loader import load_tokenizer
     tokenizer = load_tokenizer(smollm2_dir)
     grammars = grammar.Grammars(tokenizer, 49152, {2})
-    state = grammar.Grammars.start(grammars, SamplingParams(json_schema=SCHEMA))
-    request = SimpleNamespace(grammar=state)
+    params = SamplingParams(json_schema=SCHEMA, max_tokens=1000)
+    state = grammar.Grammars.start(grammars, params)
+    request = SimpleNamespace(grammar=state, output_ids=[], num_output=0, params=params)  # far from its budget
 
     def allowed():
         (_,), bitmask = grammar.masks([request], 49152)
@@ -227,28 +228,67 @@ def test_json_object_outputs_always_parse(engine, temperature):
     assert closed > 0  # the closing was exercised, not only objects the model ended itself
 
 
+# A schema as users write it: other properties not excluded, strings and lists unbounded
+LOOSE = {"type": "object",
+         "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 1},
+                        "hobbies": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                        "address": {"type": "object", "properties": {"city": {"type": "string"},
+                                                                     "zip": {"type": "string"}},
+                                    "required": ["city", "zip"]}},
+         "required": ["name", "age", "hobbies", "address"]}
+
+
 @needs_llguidance
-def test_json_mode_closing_tokens_are_ones_the_grammar_accepts(smollm2_dir):
-    """At every prefix of real JSON texts, the closing the budget would force is accepted by the JSON mode
-    grammar from that point and leaves it complete."""
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_outputs_close_within_their_budget(engine, temperature):
+    """A schema that bounds nothing, on budgets too short for most answers: every output is still an
+    instance of it (json_schema_closing.py), with no property the schema does not name (strict_schema.py)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    prompts = [chat(engine, f"Describe {t} as a person in JSON.") for t in TOPICS]
+    outs = engine.generate(prompts, [SamplingParams(max_tokens=36, temperature=temperature, seed=i, json_schema=LOOSE)
+                                     for i in range(len(prompts))])
+    closed = 0
+    for out in outs:
+        value = json.loads(out.text)
+        jsonschema.validate(value, LOOSE)
+        assert set(value) <= set(LOOSE["properties"]) and set(value["address"]) <= {"city", "zip"}, out.text
+        assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 36
+        closed += out.finish_reason == "length"
+    assert closed > 0
+
+
+# as the grammar writes JSON: \u escapes only for control characters, other characters as they are; a
+# schema's properties in the schema's order
+FREE_JSON = [{"name": 'Ann "the" \u00e9\x01 x', "n": -1.5e3, "ok": True, "none": None,
+              "tags": ["a", [], {}, [1, {"b": False}]], "deep": {"x": {"y": ["z\n"]}}},
+             {"k": "caf\u00e9 na\u00efve \U0001F600"}]
+LOOSE_INSTANCES = [{"name": 'Ann "the" \u00e9', "age": 7, "hobbies": ["chess", "", "caf\u00e9 \U0001F600"],
+                    "address": {"city": "Oslo", "zip": "0150"}},
+                   {"name": "", "age": 120, "hobbies": ["a"], "address": {"city": "x\n", "zip": ""}}]
+
+
+@needs_llguidance
+@pytest.mark.parametrize("mode", ["json_object", "json_schema"])
+def test_closing_tokens_are_ones_the_grammar_accepts(smollm2_dir, mode):
+    """At every prefix of real JSON texts (JSON mode) and of instances of a schema, the closing the budget
+    would force is accepted by the grammar from that point, leaves it complete, and is JSON (an instance
+    of the schema)."""
+    jsonschema = pytest.importorskip("jsonschema")
     from byzantium.engine.loader import load_tokenizer
     tokenizer = load_tokenizer(smollm2_dir)
     grammars = grammar.Grammars(tokenizer, 49152, {2})
-    # as the grammar writes JSON: \u escapes only for control characters, other characters as they are
-    texts = [json.dumps({"name": 'Ann "the" \u00e9\x01 x', "n": -1.5e3, "ok": True, "none": None,
-                         "tags": ["a", [], {}, [1, {"b": False}]], "deep": {"x": {"y": ["z\n"]}}}, ensure_ascii=False),
-             json.dumps({"k": "caf\u00e9 na\u00efve \U0001F600"}, ensure_ascii=False)]
+    params = SamplingParams(json_object=True) if mode == "json_object" else SamplingParams(json_schema=LOOSE)
+    schema = {"type": "object"} if mode == "json_object" else LOOSE
     checked = 0
-    for text in texts:
-        ids = tokenizer.encode(text, add_special_tokens=False)
+    for value in FREE_JSON if mode == "json_object" else LOOSE_INSTANCES:
+        ids = tokenizer.encode(json.dumps(value, ensure_ascii=False), add_special_tokens=False)
         for cut in range(len(ids)):
-            state = grammars.start(SamplingParams(json_object=True))
+            state = grammars.start(params)
             for token in ids[:cut]:
                 state.advance(token)
-            assert state.error is None, (cut, text)
+            assert state.error is None, (cut, value)
             closing = state.closer.closing_tokens(ids[:cut], tokens_left=1)
-            if closing is None:  # already whole
-                continue
+            assert closing, (cut, value)
             if state.valid_prefix(closing) != len(closing):  # only where the cut splits a character (nothing forced)
                 assert tokenizer.decode(ids[:cut]).endswith("\ufffd"), (tokenizer.decode(ids[:cut]), closing)
                 assert state.forced_token(SimpleNamespace(output_ids=ids[:cut], num_output=cut,
@@ -256,9 +296,10 @@ def test_json_mode_closing_tokens_are_ones_the_grammar_accepts(smollm2_dir):
                 continue
             for token in closing:
                 state.advance(token)
-            assert state.ended and json.loads(tokenizer.decode(ids[:cut] + closing)) is not None
+            assert state.ended, tokenizer.decode(ids[:cut] + closing)
+            jsonschema.validate(json.loads(tokenizer.decode(ids[:cut] + closing)), schema)
             checked += 1
-    assert checked > 50
+    assert checked > 40
 
 
 @needs_llguidance
@@ -340,3 +381,4 @@ def test_sessions_and_logprobs(engine):
         assert second.finish_reason in ("stop", "length") and session.seq.grammar is None
     finally:
         engine.close_session(session)
+

@@ -4,6 +4,8 @@ backends and the protocols all speak it, so protocols depend on backends only.
 import json
 from dataclasses import dataclass, field
 
+from .strict_schema import strict
+
 # Structured outputs: the fields that constrain what a request may generate, at most one per request.
 STRUCTURED = ("json_schema", "json_object", "regex", "choice", "grammar")
 
@@ -88,10 +90,11 @@ class SamplingParams:
     @property
     def structured(self):
         """What constrains this request's output, as (kind, text) (kind: "json_schema", "regex", "choice" (a
-        JSON list) or "grammar"); None when nothing does. Equal constraints give equal pairs."""
+        JSON list) or "grammar"); None when nothing does. Equal constraints give equal pairs. A schema's
+        objects take only the properties they name unless they say otherwise (strict_schema.py)."""
         if self.json_schema is not None:
-            text = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)
-            return "json_schema", text
+            schema = json.loads(self.json_schema) if isinstance(self.json_schema, str) else self.json_schema
+            return "json_schema", json.dumps(strict(schema))
         if self.json_object:
             return "json_schema", '{"type": "object"}'
         if self.regex is not None:

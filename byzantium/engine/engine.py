@@ -372,7 +372,7 @@ class Engine(SyncAPI):
             seq.error, seq.finish_reason = ValueError(f"structured output: {grammar.error}"), "error"
             return True
         if grammar is not None and grammar.ended:  # complete, nothing more can follow (or it took EOS)
-            seq.finish_reason = "length" if grammar.closed_early else "stop"  # JSON mode closed by its budget
+            seq.finish_reason = "length" if grammar.closed_early else "stop"  # JSON closed by its budget
         elif (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             seq.finish_reason = "stop"
         elif params.stop and self.tokenizer is not None:

@@ -19,7 +19,9 @@ recursive ones); a mask costs tens of microseconds on the CPU (an Earley parser 
 lazily, no precompilation per schema); it covers JSON Schema broadly (vLLM's "guidance" backend), and
 takes regexes and Lark grammars as well (GBNF is converted), so `grammar` came for free. JSON schemas
 are compiled without flexible whitespace (", " and ": " between items, no newlines): a small model
-given free whitespace can emit it forever. A schema's own "x-guidance" options override that.
+given free whitespace can emit it forever. A schema's own "x-guidance" options override that. A schema's
+objects take only the properties they name unless they say otherwise (backends/strict_schema.py), and
+JSON mode and JSON schemas end within max_tokens, their JSON whole (JsonCloser).
 
 Speculation (speculation.py) needs nothing more: its draft tokens are only inputs, every token kept is a
 sampled one, drawn row after row from the grammar's mask for the state advanced through the tokens
@@ -29,6 +31,7 @@ matcher ever rolls back. Drafts the grammar would refuse are cut before they are
 own matcher and mask, so a constrained request may ride on an unconstrained one with the same tokens
 (and the reverse): each gets what its own rows would have given, and parts when its token differs.
 """
+import json
 import sys
 from collections import OrderedDict
 
@@ -36,6 +39,8 @@ import numpy as np
 import torch
 
 from .json_closing import JsonPrefix
+from .json_schema_closing import closing as schema_closing
+from .json_schema_closing import longest_member
 
 INSTALL = ("structured outputs (SamplingParams json_schema, json_object, regex, choice, grammar) need the "
            "llguidance package: pip install 'byzantium[structured]'")
@@ -75,8 +80,8 @@ def grammar_text(llguidance, kind, text):
 
 
 class GrammarState:
-    """One request's matcher: it has consumed every token the request generated so far. A JSON mode
-    request also has a `closer` (JsonCloser), and `closed_early` once its budget made it close."""
+    """One request's matcher: it has consumed every token the request generated so far. A JSON mode or
+    JSON schema request also has a `closer` (JsonCloser), and `closed_early` once its budget made it close."""
 
     __slots__ = ("matcher", "error", "closer", "closed_early")
 
@@ -108,16 +113,18 @@ class GrammarState:
 
 
 class JsonCloser:
-    """JSON mode's bound on length (json_closing.py): a request whose tokens left are within RESERVE of
-    the tokens that close its JSON is made to write them. RESERVE covers the most one sampled token can
-    add to the closing (e.g. `[{"` opens three things), so the closing always fits. The request's text
-    is read as it grows, each token's bytes once (JSON's structure is ASCII, so a character split
-    between tokens can only be inside a string)."""
+    """The bound on length of JSON mode and of a JSON schema (json_closing.py, json_schema_closing.py): a
+    request whose tokens left are within `reserve` of the tokens that close its JSON is made to write
+    them. RESERVE covers the most one sampled token can add to a free JSON closing (e.g. `[{"` opens
+    three things); a schema adds the longest property or item a token may begin (its shortest value),
+    so the closing always fits. The request's text is read as it grows, each token's bytes once (JSON's
+    structure is ASCII, so a character split between tokens can only be inside a string)."""
 
     RESERVE = 6
 
-    def __init__(self, tokenizer):
-        self.tokenizer, self.prefix, self.read = tokenizer, JsonPrefix(), 0
+    def __init__(self, tokenizer, schema=None):
+        self.tokenizer, self.prefix, self.read, self.schema = tokenizer, JsonPrefix(), 0, schema
+        self.reserve = self.RESERVE + (0 if schema is None else longest_member(schema))
 
     def closing_tokens(self, output_ids, tokens_left):
         """The token ids of the closing when it must start now, else None."""
@@ -125,11 +132,11 @@ class JsonCloser:
             text = self.tokenizer.decode_bytes(list(output_ids[self.read:])).decode("utf-8", "replace")
             self.prefix.feed(text)
             self.read = len(output_ids)
-        text = self.prefix.closing()
-        if not text or tokens_left > len(text) + self.RESERVE:  # a token is at least one character
+        text = self.prefix.closing() if self.schema is None else schema_closing(self.prefix, self.schema)
+        if not text or tokens_left > len(text) + self.reserve:  # a token is at least one character
             return None
         ids = self.tokenizer.tokenize_str(text)
-        return ids if tokens_left <= len(ids) + self.RESERVE else None
+        return ids if tokens_left <= len(ids) + self.reserve else None
 
 
 class Grammars:
@@ -180,12 +187,17 @@ class Grammars:
         return matcher
 
     def start(self, params):
-        """A new request's GrammarState, or None when its params constrain nothing. JSON mode (json_object,
-        which bounds nothing) gets a JsonCloser."""
+        """A new request's GrammarState, or None when its params constrain nothing. JSON mode and a JSON
+        schema get a JsonCloser, which ends them within max_tokens."""
         spec = params.structured
         if spec is None:
             return None
-        return GrammarState(self.compile(*spec).deep_copy(), JsonCloser(self.tokenizer) if params.json_object else None)
+        closer = None
+        if params.json_object:
+            closer = JsonCloser(self.tokenizer)
+        elif spec[0] == "json_schema":
+            closer = JsonCloser(self.tokenizer, json.loads(spec[1]))
+        return GrammarState(self.compile(*spec).deep_copy(), closer)
 
 
 def executor():
@@ -218,7 +230,7 @@ def masks(requests, vocab_size, pin=False):
         if state.error is not None:
             bitmask[j] = -1
         forced = state.forced_token(requests[i])
-        if forced is not None:  # only that token: JSON mode closing within its budget
+        if forced is not None:  # only that token: JSON closing within its budget
             bitmask[j] = 0
             bitmask[j, forced // 32] = _bit(forced % 32)
     return rows, bitmask

@@ -16,6 +16,8 @@ class JsonPrefix:
 
     def __init__(self):
         self.stack = []  # "{" or "[" per open container
+        self.frames = []  # per open container: an object's keys so far (a list), an array's item count (an int)
+        self.string_text = ""  # the open string's characters so far, escapes as written
         self.expect = "value"  # value, key, colon, comma (a value ended), key-or-end / value-or-end after { / [
         self.string = None  # inside a string: [is_key, escape: None, "\\", or hex digits left]
         self.scalar = ""  # an unfinished number or literal
@@ -44,15 +46,19 @@ class JsonPrefix:
         if not self.stack and self.expect == "comma":  # the value is whole: nothing may follow
             return False
         expect = self.expect
+        if expect in ("value", "value-or-end") and ch in '{["-0123456789tfn' and self.stack and self.stack[-1] == "[":
+            self.frames[-1] += 1  # an item of the open array starts
         if ch in "{[" and expect in ("value", "value-or-end"):
             self.stack.append(ch)
+            self.frames.append([] if ch == "{" else 0)
             self.expect = "key-or-end" if ch == "{" else "value-or-end"
         elif ch in "}]" and self.stack and self.stack[-1] == ("{" if ch == "}" else "[") and expect in (
                 "comma", "key-or-end" if ch == "}" else "value-or-end"):
             self.stack.pop()
+            self.frames.pop()
             self.expect = "comma"
         elif ch == '"' and expect in ("value", "value-or-end", "key", "key-or-end"):
-            self.string = [expect.startswith("key"), None]
+            self.string, self.string_text = [expect.startswith("key"), None], ""
         elif ch == ":" and expect == "colon":
             self.expect = "value"
         elif ch == "," and expect == "comma" and self.stack:
@@ -74,7 +80,11 @@ class JsonPrefix:
         elif ch == "\\":
             self.string[1] = "\\"
         elif ch == '"':
+            if self.string[0]:
+                self.frames[-1].append(self.string_text)
             self.expect, self.string = ("colon" if self.string[0] else "comma"), None
+            return True
+        self.string_text += ch
         return True
 
     def _extends_scalar(self, ch):
