@@ -7,7 +7,8 @@ per decode step: the grammar's own work, timed inside the engine (grammar.masks:
 apply_bitmask: -inf where refused; advance: each matcher takes its token), and the whole step of each
 run (best of the repeats). The first is the cost; the second difference is that cost plus the machine's
 noise. --constraint json_object measures JSON mode instead (no schema; its grammar time includes the
-closing that keeps it within max_tokens, engine/json_closing.py). Appends a dated entry to
+closing that keeps it within max_tokens, engine/json_closing.py, shown apart as "of which closing", as it
+is for a schema: engine/json_schema_closing.py). Appends a dated entry to
 bench/results/grammar_mask.md.
 
     python bench/grammar_mask.py [--batches 1,32] [--new 48] [--repeats 2] [--constraint schema|json_object]
@@ -71,13 +72,13 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
-def run(engine, prompts, params, timer):
+def run(engine, prompts, params, timer, closing):
     engine.reset_stats()
-    timer.seconds, timer.calls = 0.0, 0
+    timer.seconds, timer.calls, closing.seconds = 0.0, 0, 0.0
     outs = engine.generate(prompts, params)
     stats = engine.stats
     return dict(seconds=stats["decode_seconds"], tokens=stats["decode_tokens"], grammar=timer.seconds,
-                rounds=timer.calls, lengths=[len(o.token_ids) for o in outs])
+                closing=closing.seconds, rounds=timer.calls, lengths=[len(o.token_ids) for o in outs])
 
 
 def main():
@@ -94,6 +95,8 @@ def main():
     timer = Timer()
     for module, name in ((engine_module, "masks"), (engine_module, "advance"), (sampling, "apply_bitmask")):
         timer.wrap(module, name)
+    closing = Timer()  # the part of masks that ends JSON within max_tokens
+    closing.wrap(grammar.JsonCloser, "closing_tokens")
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [engine.render_chat([{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} (record {i}) "
@@ -104,16 +107,17 @@ def main():
         best = {}
         for _ in range(args.repeats):
             for name, params in (("schema", constrained), ("plain", plain)):
-                result = run(engine, prompts, params, timer)
+                result = run(engine, prompts, params, timer, closing)
                 if name not in best or result["seconds"] < best[name]["seconds"]:
                     best[name] = result
         s, p = best["schema"], best["plain"]
         steps = s["tokens"] / batch  # decode steps: one token per row each
         rows.append(dict(batch=batch, steps=round(steps), grammar_ms=1e3 * s["grammar"] / s["rounds"],
+                         closing_ms=1e3 * s["closing"] / s["rounds"],
                          schema_ms=1e3 * s["seconds"] / steps, plain_ms=1e3 * p["seconds"] / (p["tokens"] / batch),
                          lengths=(min(s["lengths"]), max(s["lengths"]))))
         r = rows[-1]
-        print(f"batch {batch}: grammar {r['grammar_ms']:.2f} ms/step; step {r['schema_ms']:.1f} ms constrained vs "
+        print(f"batch {batch}: grammar {r['grammar_ms']:.2f} ms/step ({r['closing_ms']:.2f} closing); step {r['schema_ms']:.1f} ms constrained vs "
               f"{r['plain_ms']:.1f} ms plain over {r['steps']} steps; constrained outputs {r['lengths']} tokens", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -122,11 +126,11 @@ def main():
              f"{args.repeats} --constraint {args.constraint}` (code at {commit}). CPU: {cpu_model()}, {os.cpu_count()} cores; load average "
              f"{load:.1f} at the end (other work on the machine inflates the step times, not the grammar's share "
              f"much). Embedded SmolLM2-135M, fp32, speculation off; vocabulary 49152.\n",
-             f"| batch | decode steps | grammar ms / step | step ms, {NAMES[args.constraint]} | step ms, unconstrained | "
-             "grammar share of the constrained step |", "|---|---|---|---|---|---|"]
+             f"| batch | decode steps | grammar ms / step | of which closing | step ms, {NAMES[args.constraint]} | "
+             "step ms, unconstrained | grammar share of the constrained step |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['steps']} | {r['grammar_ms']:.2f} | {r['schema_ms']:.1f} | {r['plain_ms']:.1f} | "
-                     f"{100 * r['grammar_ms'] / r['schema_ms']:.1f}% |")
+        lines.append(f"| {r['batch']} | {r['steps']} | {r['grammar_ms']:.2f} | {r['closing_ms']:.2f} | {r['schema_ms']:.1f} | "
+                     f"{r['plain_ms']:.1f} | {100 * r['grammar_ms'] / r['schema_ms']:.1f}% |")
     out = Path(args.out)
     if not out.exists():
         out.write_text("# Grammar masks: the cost of structured outputs per decode step\n\n"

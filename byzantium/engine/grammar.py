@@ -40,7 +40,7 @@ import torch
 
 from .json_closing import JsonPrefix
 from .json_schema_closing import closing as schema_closing
-from .json_schema_closing import longest_member
+from .json_schema_closing import members
 
 INSTALL = ("structured outputs (SamplingParams json_schema, json_object, regex, choice, grammar) need the "
            "llguidance package: pip install 'byzantium[structured]'")
@@ -115,16 +115,18 @@ class GrammarState:
 class JsonCloser:
     """The bound on length of JSON mode and of a JSON schema (json_closing.py, json_schema_closing.py): a
     request whose tokens left are within `reserve` of the tokens that close its JSON is made to write
-    them. RESERVE covers the most one sampled token can add to a free JSON closing (e.g. `[{"` opens
-    three things); a schema adds the longest property or item a token may begin (its shortest value),
-    so the closing always fits. The request's text is read as it grows, each token's bytes once (JSON's
-    structure is ASCII, so a character split between tokens can only be inside a string)."""
+    them. `reserve` covers the most one sampled token can add to the closing: RESERVE for free JSON
+    (e.g. `[{"` opens three things), plus, with a schema, the tokens of its longest member (a key begun
+    must be given a value). So the closing always fits, and between two sampled tokens it grows by at most
+    `reserve`: once computed, it need not be again until the tokens left could be within reach of it
+    (`wait`). The request's text is read as it grows, each token's bytes once (JSON's structure is ASCII,
+    so a character split between tokens can only be inside a string)."""
 
     RESERVE = 6
 
-    def __init__(self, tokenizer, schema=None):
+    def __init__(self, tokenizer, schema=None, reserve=RESERVE):
         self.tokenizer, self.prefix, self.read, self.schema = tokenizer, JsonPrefix(), 0, schema
-        self.reserve = self.RESERVE + (0 if schema is None else longest_member(schema))
+        self.reserve, self.wait = reserve, 0
 
     def closing_tokens(self, output_ids, tokens_left):
         """The token ids of the closing when it must start now, else None."""
@@ -132,10 +134,18 @@ class JsonCloser:
             text = self.tokenizer.decode_bytes(list(output_ids[self.read:])).decode("utf-8", "replace")
             self.prefix.feed(text)
             self.read = len(output_ids)
+        if self.wait > 0:
+            self.wait -= 1
+            return None
         text = self.prefix.closing() if self.schema is None else schema_closing(self.prefix, self.schema)
-        if not text or tokens_left > len(text) + self.reserve:  # a token is at least one character
+        if not text:
+            return None
+        if tokens_left > len(text) + self.reserve:  # a token is at least one character
+            self.wait = (tokens_left - len(text) - self.reserve) // (self.reserve + 1)
             return None
         ids = self.tokenizer.tokenize_str(text)
+        if len(ids) > tokens_left:
+            return None  # it no longer fits (a schema whose least answer is longer than the budget)
         return ids if tokens_left <= len(ids) + self.reserve else None
 
 
@@ -149,6 +159,7 @@ class Grammars:
         self.eos_token_ids = sorted(eos_token_ids)
         self.cache_size = cache_size
         self.compiled = OrderedDict()  # (kind, text) -> a fresh LLMatcher
+        self.reserves = {}  # (kind, text) of a JSON schema -> its JsonCloser's reserve
         self._tokenizer = None
 
     @property
@@ -183,7 +194,8 @@ class Grammars:
             raise ValueError(f"invalid {kind} constraint: {matcher.get_error()}")
         self.compiled[key] = matcher
         while len(self.compiled) > self.cache_size:
-            self.compiled.popitem(last=False)
+            old, _ = self.compiled.popitem(last=False)
+            self.reserves.pop(old, None)
         return matcher
 
     def start(self, params):
@@ -192,12 +204,17 @@ class Grammars:
         spec = params.structured
         if spec is None:
             return None
+        matcher = self.compile(*spec).deep_copy()
         closer = None
         if params.json_object:
             closer = JsonCloser(self.tokenizer)
         elif spec[0] == "json_schema":
-            closer = JsonCloser(self.tokenizer, json.loads(spec[1]))
-        return GrammarState(self.compile(*spec).deep_copy(), closer)
+            schema = json.loads(spec[1])
+            if spec not in self.reserves:
+                self.reserves[spec] = JsonCloser.RESERVE + max(
+                    [len(self.tokenizer.tokenize_str(t)) for t in members(schema)], default=0)
+            closer = JsonCloser(self.tokenizer, schema, self.reserves[spec])
+        return GrammarState(matcher, closer)
 
 
 def executor():

@@ -328,10 +328,10 @@ def container_closing(kind, schema, written, root):
     return (", " if count and items else "") + ", ".join(items) + "]"
 
 
-def longest_member(root):
-    """The most characters one property (its key and shortest value) or one item anywhere in `root` adds
-    to a closing: what a token that begins one may commit the closing to."""
-    longest, stack, seen = 0, [root], set()
+def members(root):
+    """Each property (its key and shortest value) and each item's shortest value anywhere in `root`: what
+    one token that begins a member may commit a closing to."""
+    texts, stack, seen = [], [root], set()
     while stack:
         node = stack.pop()
         if isinstance(node, list):
@@ -342,10 +342,9 @@ def longest_member(root):
         seen.add(id(node))
         props = node.get("properties")
         if isinstance(props, dict):
-            longest = max([longest] + [len(dumps(k)) + 2 + len(minimal(v, root) or "") for k, v in props.items()])
+            texts += [f"{dumps(k)}: {minimal(v, root) or ''}" for k, v in props.items()]
         for key in ("items", "prefixItems"):
             if node.get(key) is not None:
-                items = node[key] if isinstance(node[key], list) else [node[key]]
-                longest = max([longest] + [len(minimal(item, root) or "") for item in items])
+                texts += [minimal(item, root) or "" for item in (node[key] if isinstance(node[key], list) else [node[key]])]
         stack += [v for v in node.values() if isinstance(v, (dict, list))]
-    return longest
+    return texts
