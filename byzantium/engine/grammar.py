@@ -144,8 +144,9 @@ class JsonCloser:
             self.wait = (tokens_left - len(text) - self.reserve) // (self.reserve + 1)
             return None
         ids = self.tokenizer.tokenize_str(text)
-        if len(ids) > tokens_left:
-            return None  # it no longer fits (a schema whose least answer is longer than the budget)
+        if len(ids) > tokens_left:  # a schema whose least answer is longer than the budget: it could come to
+            self.wait = tokens_left  # fit only if the model's tokens shortened it faster than they spend the
+            return None  # budget; not worth a closing a step
         return ids if tokens_left <= len(ids) + self.reserve else None
 
 
