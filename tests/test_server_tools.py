@@ -307,6 +307,26 @@ def test_markers_that_are_added_tokens_match_as_one_token(smollm2_dir):
     assert not accepts(matcher(tok, call_grammar(mistral, [TIME], True, keep)), tok.encode(f"[TOOL_CALLS][{body}, {body}]"))
 
 
+def test_a_tool_takes_only_the_arguments_it_names(smollm2_dir):
+    """Parameters that say nothing of other properties are read as a response_format schema is (strict):
+    the call grammar refuses an argument the tool does not name, and takes it where the tool allows it."""
+    from transformers import AutoTokenizer
+
+    from byzantium.server.tool_parsers import PARSERS
+    from byzantium.server.tools import call_grammar
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+    def takes(parameters, arguments):
+        tool = {"type": "function", "function": {"name": "find", "parameters": parameters}}
+        grammar = call_grammar(PARSERS["llama3_json"], [tool], True, {})
+        return accepts(matcher(tok, grammar), tok.encode(json.dumps({"name": "find", "parameters": arguments})))
+
+    assert takes(params, {"city": "Oslo"})
+    assert not takes(params, {"city": "Oslo", "debug": 1})
+    assert takes({**params, "additionalProperties": True}, {"city": "Oslo", "debug": 1})
+
+
 def test_template_detection():
     from byzantium.server.tools import family, supports_tools, template_source
 

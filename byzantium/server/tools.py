@@ -18,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..backends.strict_schema import strict
 from ..engine.grammar import JSON_OPTIONS  # JSON without free whitespace, as every schema is compiled
 from .schemas import APIError, structured
 from .tool_parsers import PARSERS
@@ -122,10 +123,11 @@ def plan(body, served, override=None):
 
 # -- the grammar of tool_choice required / named ---------------------------------------------------------
 def call_schema(tools, args_key):
-    """A JSON schema of one call: {"name": one of the tools, args_key: that tool's parameters}."""
+    """A JSON schema of one call: {"name": one of the tools, args_key: that tool's parameters}, read as a
+    response_format schema is (strict_schema.py: no arguments the tool does not name, unless it says so)."""
     options = [{"type": "object",
                 "properties": {"name": {"const": t["function"]["name"]},
-                               args_key: t["function"].get("parameters") or {"type": "object"}},
+                               args_key: strict(t["function"].get("parameters") or {"type": "object"})},
                 "required": ["name", args_key], "additionalProperties": False} for t in tools]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
