@@ -131,12 +131,16 @@ def main():
     for r in rows:
         lines.append(f"| {r['batch']} | {r['steps']} | {r['grammar_ms']:.2f} | {r['closing_ms']:.2f} | {r['schema_ms']:.1f} | "
                      f"{r['plain_ms']:.1f} | {100 * r['grammar_ms'] / r['schema_ms']:.1f}% |")
-    out = Path(args.out)
+    append_entry(Path(args.out), lines, "# Grammar masks: the cost of structured outputs per decode step\n\n"
+                 "`bench/grammar_mask.py`: JSON-schema requests vs the same batch unconstrained on the embedded "
+                 "model, CPU. 'grammar' is the time inside the engine's grammar calls (llguidance's masks for "
+                 "every constrained row, the -inf fill, the matchers taking the sampled tokens).\n")
+
+
+def append_entry(out, lines, heading):
+    """Append a dated entry's lines to a results file, which starts with `heading` when new."""
     if not out.exists():
-        out.write_text("# Grammar masks: the cost of structured outputs per decode step\n\n"
-                       "`bench/grammar_mask.py`: JSON-schema requests vs the same batch unconstrained on the embedded "
-                       "model, CPU. 'grammar' is the time inside the engine's grammar calls (llguidance's masks for "
-                       "every constrained row, the -inf fill, the matchers taking the sampled tokens).\n")
+        out.write_text(heading)
     with out.open("a") as f:
         f.write("\n".join(lines) + "\n")
     print(f"appended to {out}")
