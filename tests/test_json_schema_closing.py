@@ -38,7 +38,14 @@ PYDANTIC = {"$defs": {"Step": {"properties": {"explanation": {"title": "Explanat
                            "final_answer": {"title": "Final Answer", "type": "string"}},
             "required": ["steps", "final_answer"], "title": "MathReasoning", "type": "object"}
 LIST = {"type": "array", "items": {"type": "integer", "multipleOf": 5, "minimum": 7}, "minItems": 3}
-SCHEMAS = [PERSON, NESTED, PYDANTIC, LIST]
+CODES = {"type": "object",  # strings with a pattern or a format (instances drawn from their examples)
+         "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$", "examples": ["AB12", "ZZ09"]},
+                        "tag": {"type": "string", "pattern": "^(x|[a-z]+-[0-9]+)$", "examples": ["ab-7", "x"]},
+                        "day": {"type": "string", "format": "date", "examples": ["2024-02-29"]},
+                        "id": {"type": "string", "format": "uuid",
+                               "examples": ["123e4567-e89b-12d3-a456-426614174000"]}},
+         "required": ["code", "tag", "day", "id"]}
+SCHEMAS = [PERSON, NESTED, PYDANTIC, LIST, CODES]
 
 
 def resolve(schema, root):
@@ -64,6 +71,8 @@ def instance(schema, root, rng, depth=0):
     if kind == "array":
         low = schema.get("minItems", 0)
         return [instance(schema["items"], root, rng, depth + 1) for _ in range(rng.randint(low, low + 3))]
+    if kind == "string" and "examples" in schema:
+        return rng.choice(schema["examples"])
     if kind == "string":
         return "".join(rng.choice('ab "\\/\n\té€😀') for _ in range(rng.randint(schema.get("minLength", 0), 6)))
     if kind == "integer":
@@ -74,7 +83,7 @@ def instance(schema, root, rng, depth=0):
     return None if kind == "null" else rng.choice([True, False])
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(25))
 def test_every_prefix_of_an_instance_is_completed_into_an_instance(seed):
     rng = random.Random(seed)
     schema = strict(SCHEMAS[seed % len(SCHEMAS)])
@@ -85,7 +94,7 @@ def test_every_prefix_of_an_instance_is_completed_into_an_instance(seed):
         prefix.feed(text[:cut])
         rest = closing(prefix, schema)
         assert rest is not None, text[:cut]
-        jsonschema.validate(json.loads(text[:cut] + rest), schema)
+        jsonschema.validate(json.loads(text[:cut] + rest), schema, format_checker=jsonschema.FormatChecker())
     whole = JsonPrefix()
     whole.feed(text)
     assert closing(whole, schema) == ""
@@ -96,7 +105,10 @@ def test_shortest_values():
     assert minimal(LIST, LIST) == "[10, 10, 10]"
     assert minimal({"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.75}, {}) == "0.75"
     assert minimal({"type": ["string", "null"]}, {}) == '""'
-    assert minimal({"type": "string", "pattern": "^[a-z]+$"}, {}) is None  # a pattern has no shortest value here
+    assert minimal({"type": "string", "pattern": "^[a-z]+$"}, {}) == '"a"'
+    assert minimal({"type": "string", "pattern": "^[A-Z]{2}(-[0-9]{2,}|x)$"}, {}) == '"AAx"'
+    assert minimal({"type": "string", "format": "date"}, {}) == '"2000-01-01"'
+    assert minimal({"type": "string", "pattern": r"^(ab)\1$"}, {}) is None  # a back-reference: not read here
     assert {'"tags": ["", ""]', '"kind": "cat"', '""'} <= set(members(PERSON))
 
 

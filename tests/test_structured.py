@@ -262,33 +262,48 @@ def test_json_schema_outputs_close_within_their_budget(engine, temperature):
 FREE_JSON = [{"name": 'Ann "the" \u00e9\x01 x', "n": -1.5e3, "ok": True, "none": None,
               "tags": ["a", [], {}, [1, {"b": False}]], "deep": {"x": {"y": ["z\n"]}}},
              {"k": "caf\u00e9 na\u00efve \U0001F600"}]
+CODES = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"},
+                                         "tag": {"type": "string", "pattern": "^(x|[a-z]+-[0-9]+)$"},
+                                         "day": {"type": "string", "format": "date"},
+                                         "id": {"type": "string", "format": "uuid"}},
+         "required": ["code", "tag", "day", "id"]}
+CODES_INSTANCES = [{"code": "AB12", "tag": "ab-7", "day": "2024-02-29", "id": "123e4567-e89b-12d3-a456-426614174000"}]
 LOOSE_INSTANCES = [{"name": 'Ann "the" \u00e9', "age": 7, "hobbies": ["chess", "", "caf\u00e9 \U0001F600"],
                     "address": {"city": "Oslo", "zip": "0150"}},
                    {"name": "", "age": 120, "hobbies": ["a"], "address": {"city": "x\n", "zip": ""}}]
 
 
 @needs_llguidance
-@pytest.mark.parametrize("mode", ["json_object", "json_schema"])
+@pytest.mark.parametrize("mode", ["json_object", "json_schema", "patterns"])
 def test_closing_tokens_are_ones_the_grammar_accepts(smollm2_dir, mode):
-    """At every prefix of real JSON texts (JSON mode) and of instances of a schema, the closing the budget
-    would force is accepted by the grammar from that point, leaves it complete, and is JSON (an instance
-    of the schema)."""
+    """At every prefix of real JSON texts (JSON mode) and of instances of schemas (strings free, or with
+    patterns and formats), the closing the budget would force is accepted by the grammar from that point,
+    leaves it complete, and is JSON (an instance of the schema)."""
     jsonschema = pytest.importorskip("jsonschema")
     from byzantium.engine.loader import load_tokenizer
     tokenizer = load_tokenizer(smollm2_dir)
     grammars = grammar.Grammars(tokenizer, 49152, {2})
-    params = SamplingParams(json_object=True) if mode == "json_object" else SamplingParams(json_schema=LOOSE)
-    schema = {"type": "object"} if mode == "json_object" else LOOSE
+    schema, values = {"json_object": ({"type": "object"}, FREE_JSON), "json_schema": (LOOSE, LOOSE_INSTANCES),
+                      "patterns": (CODES, CODES_INSTANCES)}[mode]
+    params = SamplingParams(json_object=True) if mode == "json_object" else SamplingParams(json_schema=schema)
+
+    def closing_when_due(state, ids):  # at the most tokens left at which it is forced
+        for left in range(1, 128):
+            state.closer.wait = 0  # as if first asked with `left` tokens left
+            closing = state.closer.closing_tokens(ids, left)
+            if closing:
+                return closing
+        return None
+
     checked = 0
-    for value in FREE_JSON if mode == "json_object" else LOOSE_INSTANCES:
+    for value in values:
         ids = tokenizer.encode(json.dumps(value, ensure_ascii=False), add_special_tokens=False)
         for cut in range(len(ids)):
             state = grammars.start(params)
             for token in ids[:cut]:
                 state.advance(token)
             assert state.error is None, (cut, value)
-            # the fewest tokens left at which it closes: then the closing is exactly what fits
-            closing = next(filter(None, (state.closer.closing_tokens(ids[:cut], left) for left in range(1, 64))), None)
+            closing = closing_when_due(state, ids[:cut])
             assert closing, (cut, value)
             if state.valid_prefix(closing) != len(closing):  # only where the cut splits a character (nothing forced)
                 assert tokenizer.decode(ids[:cut]).endswith("\ufffd"), (tokenizer.decode(ids[:cut]), closing)
@@ -298,7 +313,8 @@ def test_closing_tokens_are_ones_the_grammar_accepts(smollm2_dir, mode):
             for token in closing:
                 state.advance(token)
             assert state.ended, tokenizer.decode(ids[:cut] + closing)
-            jsonschema.validate(json.loads(tokenizer.decode(ids[:cut] + closing)), schema)
+            jsonschema.validate(json.loads(tokenizer.decode(ids[:cut] + closing)), schema,
+                                format_checker=jsonschema.FormatChecker())
             checked += 1
     assert checked > 40
 

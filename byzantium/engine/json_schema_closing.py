@@ -8,17 +8,27 @@ have, then every open object given the required properties it lacks (each the sh
 accepts) and closed, every open array given the items its minItems asks for and closed.
 
 This reads the common keywords (type, properties, required, additionalProperties, items, prefixItems,
-minItems, minLength, enum, const, anyOf / oneOf, a single allOf, local $ref, minimum / maximum,
-exclusive bounds, multipleOf). A string with a pattern or a format has no shortest value here, so a
-closing that needs one is None; the grammar checks every closing before it is forced
-(GrammarState.forced_token), so a closing this reading gets wrong is never written."""
+minItems, minLength, maxLength, enum, const, anyOf / oneOf, a single allOf, local $ref, minimum /
+maximum, exclusive bounds, multipleOf); a string with a pattern ends with the ending of a short string
+the pattern matches (read from the regex) and one with a format with the rest of an example of it. What
+this reading cannot complete (a back-reference) is None; the grammar checks every closing before it is
+forced (GrammarState.forced_token), so a closing this reading gets wrong is never written."""
 import json
 import math
+import re
+
+try:
+    from re import _parser as re_parser  # Python 3.11+
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as re_parser
 
 from .json_closing import LITERALS
 
 ANY_TYPE = ["integer", "null", "boolean", "string", "array", "object", "number"]
 DIGITS = list("0123456789")
+FORMATS = {"date": "2000-01-01", "time": "00:00:00Z", "date-time": "2000-01-01T00:00:00Z", "email": "a@a.aa",
+           "uuid": "00000000-0000-0000-0000-000000000000", "ipv4": "0.0.0.0", "ipv6": "::", "hostname": "a",
+           "uri": "a:a", "duration": "P0D"}  # an example of each format, as short as its grammar allows
 MAX_DEPTH = 16  # $ref chains and nesting followed at most this deep
 
 
@@ -92,15 +102,87 @@ def typed_minimal(schema, kind, root, depth):
     if kind in ("integer", "number"):
         return number(schema, kind == "integer")
     if kind == "string":
-        if "pattern" in schema or "format" in schema:
-            return None
-        return dumps("a" * int(schema.get("minLength", 0)))
+        ending = string_ending("", schema)
+        return None if ending is None else dumps(ending)
     if kind == "array":
         items = [minimal(item_schema(schema, i), root, depth + 1) for i in range(int(schema.get("minItems", 0)))]
         return None if None in items else "[" + ", ".join(items) + "]"
     if kind == "object":
         return object_text(schema, [], root, depth, opened=False)
     return None
+
+
+def string_ending(written, schema):
+    """The shortest text that ends a string begun as `written` within the schema's minLength, maxLength
+    and pattern, among a few candidates (fillers, the endings of short strings the pattern matches),
+    or the rest of an example of its format; None when none fits (the grammar checks the format)."""
+    low, high, pattern = int(schema.get("minLength", 0)), schema.get("maxLength"), schema.get("pattern")
+    if "format" in schema:  # the example's rest: right for the fixed-width formats (dates, times, uuids)
+        example = FORMATS.get(schema["format"])
+        if example is None:
+            return None if written else ""  # a format we have no example of: the grammar says if "" is one
+        return example[len(written):] if len(written) <= len(example) else None
+    candidates = ["a" * max(0, low - len(written))] + [c * k for k in range(9) for c in "a0A"]
+    if isinstance(pattern, str):  # every ending of each example the pattern matches
+        candidates += [e[i:] for e in pattern_examples(pattern) for i in range(len(e))]
+
+    def fits(text):
+        if len(text) < low or (isinstance(high, int) and len(text) > high):
+            return False
+        try:  # fullmatch: valid whether the grammar anchors the pattern or, as JSON Schema does, not
+            return not isinstance(pattern, str) or re.fullmatch(pattern, text) is not None
+        except re.error:
+            return False
+
+    return next((c for c in sorted(candidates, key=len) if fits(written + c)), None)
+
+
+def pattern_examples(pattern):
+    """Short strings a regex matches, read from its parse (literals, classes, repeats at their minimum,
+    each branch), shortest first; [] for what this does not read (back-references)."""
+    try:
+        return sorted(_examples(re_parser.parse(pattern)), key=len)
+    except (re.error, ValueError, TypeError, RecursionError):
+        return []
+
+
+def _examples(items, most=16):
+    outs = [""]
+    for op, arg in items:
+        name = str(op)
+        if name == "LITERAL":
+            options = [chr(arg)]
+        elif name in ("ANY", "NOT_LITERAL"):
+            options = ["a" if name == "ANY" or arg != ord("a") else "b"]
+        elif name == "IN":
+            options = [_class_member(arg)]
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            options = [e * arg[0] for e in _examples(arg[2], most)]
+        elif name == "SUBPATTERN":
+            options = _examples(arg[-1], most)
+        elif name == "BRANCH":
+            options = [e for alt in arg[1] for e in _examples(alt, most)]
+        elif name in ("AT", "ASSERT", "ASSERT_NOT"):
+            continue
+        else:
+            raise ValueError(name)
+        outs = list(dict.fromkeys(o + e for o in outs for e in options))[:most]
+    return outs
+
+
+def _class_member(items):
+    """A character of a class [...]: its first literal or range, or a digit / word / space for a category."""
+    for op, arg in items:
+        name = str(op)
+        if name == "NEGATE":
+            break  # left to the fillers
+        if name == "LITERAL":
+            return chr(arg)
+        if name == "RANGE":
+            return chr(arg[0])
+        if name == "CATEGORY":
+            return {"CATEGORY_DIGIT": "0", "CATEGORY_SPACE": " "}.get(str(arg), "a")
+    raise ValueError("class")
 
 
 def number(schema, integer):
@@ -275,7 +357,8 @@ def value_closing(prefix, schemas, keys, root):
             rest = [dumps(o)[1 + len(raw):] for o in options if isinstance(o, str) and dumps(o)[1:].startswith(raw)]
             best = shortest(rest)
             return None if best is None else text + best
-        return text + "a" * max(0, int(schema.get("minLength", 0)) - len(key_name(prefix.string_text + text))) + '"'
+        ending = string_ending(key_name(prefix.string_text + text), schema)
+        return None if ending is None else text + ending + '"'
     if prefix.scalar:
         if prefix.scalar[0] in "tfn":
             return next(lit for lit in LITERALS if lit.startswith(prefix.scalar))[len(prefix.scalar):]
