@@ -145,3 +145,14 @@ def test_strict_closes_objects_that_say_nothing_of_other_properties():
     jsonschema.validate({"a": {"b": 1}, "e": {"p": 1, "q": 2}, "f": {"g": 0}}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"a": {"b": 1, "z": 2}}, schema)
+
+
+def test_an_untrusted_pattern_cannot_stall_the_closing():
+    """Patterns come from requests and strings from the model: a pattern that could backtrack without end
+    (a repeat inside a repeat; Python's re takes ~2^40 steps on this one), a huge repeat or a long string
+    is not ended here (None: nothing is forced)."""
+    from byzantium.engine.json_schema_closing import pattern_examples, simple, string_ending
+    assert not simple("^(a+)+$") and string_ending("a" * 40 + "!", {"pattern": "^(a+)+$"}) is None
+    assert pattern_examples("a{100000}") == [] and string_ending("", {"pattern": "^a{100000}$"}) is None
+    assert string_ending("A" * 80, {"pattern": "^[A-Z]+$"}) is None
+    assert simple("^[A-Z]{2}[0-9]{2}$") and string_ending("AB1", {"pattern": "^[A-Z]{2}[0-9]{2}$"}) == "0"

@@ -17,6 +17,8 @@ import json
 import math
 import re
 
+import regex  # transformers' dependency: a matcher with a timeout
+
 try:
     from re import _parser as re_parser  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
@@ -29,6 +31,9 @@ DIGITS = list("0123456789")
 FORMATS = {"date": "2000-01-01", "time": "00:00:00Z", "date-time": "2000-01-01T00:00:00Z", "email": "a@a.aa",
            "uuid": "00000000-0000-0000-0000-000000000000", "ipv4": "0.0.0.0", "ipv6": "::", "hostname": "a",
            "uri": "a:a", "duration": "P0D"}  # an example of each format, as short as its grammar allows
+LONGEST_EXAMPLE = 256  # a pattern's examples longer than this are not read
+LONGEST_MATCHED, MOST_REPEATS = 64, 6  # strings longer, or patterns with more repeats, are not ended here
+PATTERN_SECONDS = 1.0  # a safety net only: within the bounds above a match takes microseconds
 MAX_DEPTH = 16  # $ref chains and nesting followed at most this deep
 
 
@@ -126,15 +131,46 @@ def string_ending(written, schema):
     if isinstance(pattern, str):  # every ending of each example the pattern matches
         candidates += [e[i:] for e in pattern_examples(pattern) for i in range(len(e))]
 
+    if isinstance(pattern, str) and (len(written) > LONGEST_MATCHED or not simple(pattern)):
+        return None
+
     def fits(text):
         if len(text) < low or (isinstance(high, int) and len(text) > high):
             return False
-        try:  # fullmatch: valid whether the grammar anchors the pattern or, as JSON Schema does, not
-            return not isinstance(pattern, str) or re.fullmatch(pattern, text) is not None
-        except re.error:
-            return False
+        # fullmatch: valid whether the grammar anchors the pattern or, as JSON Schema does, not
+        return not isinstance(pattern, str) or regex.fullmatch(pattern, text, timeout=PATTERN_SECONDS) is not None
 
-    return next((c for c in sorted(candidates, key=len) if fits(written + c)), None)
+    try:
+        return next((c for c in sorted(candidates, key=len) if fits(written + c)), None)
+    except (TimeoutError, regex.error, ValueError):
+        return None
+
+
+def simple(pattern):
+    """A pattern whose matching cannot backtrack without end on a short text: no repeat inside a repeat,
+    a few repeats in all. Patterns come from requests, and texts from the model: both are untrusted."""
+    def repeats(items, inside):
+        count = 0
+        for op, arg in items:
+            name = str(op)
+            subs = []
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                if inside:
+                    raise ValueError("nested repeat")
+                count += 1
+                count += repeats(arg[2], True)
+                continue
+            if name == "SUBPATTERN":
+                subs = [arg[-1]]
+            elif name == "BRANCH":
+                subs = arg[1]
+            count += sum(repeats(sub, inside) for sub in subs)
+        return count
+
+    try:
+        return repeats(re_parser.parse(pattern), False) <= MOST_REPEATS
+    except (re.error, ValueError, TypeError, RecursionError):
+        return False
 
 
 def pattern_examples(pattern):
@@ -157,6 +193,8 @@ def _examples(items, most=16):
         elif name == "IN":
             options = [_class_member(arg)]
         elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            if arg[0] > LONGEST_EXAMPLE:
+                raise ValueError("repeat")
             options = [e * arg[0] for e in _examples(arg[2], most)]
         elif name == "SUBPATTERN":
             options = _examples(arg[-1], most)
@@ -166,7 +204,9 @@ def _examples(items, most=16):
             continue
         else:
             raise ValueError(name)
-        outs = list(dict.fromkeys(o + e for o in outs for e in options))[:most]
+        outs = [o for o in dict.fromkeys(o + e for o in outs for e in options) if len(o) <= LONGEST_EXAMPLE][:most]
+        if not outs:
+            raise ValueError("long")
     return outs
 
 
