@@ -11,6 +11,17 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_unless_named():
+    """Every test's engines run on the CPU in fp32 unless the test names its device: the default is the
+    environment variable BYZANTIUM_DEVICE, which config.resolve_device reads when an engine is made (else a
+    CUDA machine would give the ~25 tests that build Engine(path) CUDA in bf16 while they assert CPU fp32
+    results). GPU tests pass device="cuda" and say what they assert there."""
+    with pytest.MonkeyPatch.context() as patch:  # session-wide: set before any module fixture builds an engine
+        patch.setenv("BYZANTIUM_DEVICE", "cpu")
+        yield
+
+
 def build_tiny(arch, **overrides):
     """A random transformers model of `arch` with the tiny shape, in eval mode."""
     import transformers
