@@ -318,7 +318,8 @@ def test_bootstrap_intervals():
     assert mean_ci([1, 1, 1])[:2] == (1.0, pytest.approx(0.4385, abs=1e-4)) and mean_ci([]) == (None, None, None)
     assert ratio_ci([(3, 5), (1, 5)])[0] == pytest.approx(0.4)
     assert diff_ci({"a": 0, "b": 1, "c": 1}, {"a": 1, "b": 1, "d": 0})[0] == pytest.approx(0.5)  # a, b only
-    assert mean_of_means_ci([[1, 1], [0, 0, 0, 0]]) == (0.5, 0.5, 0.5)  # not the pooled 1/3
+    point, lo, hi = mean_of_means_ci([[1, 1], [0, 0, 0, 0]])
+    assert point == 0.5 and lo < point < hi  # not the pooled 1/3; no resample varies: still a width
     point, lo, hi = mean_of_means_ci([[1, 0, 1], [0, 0, 1, 1]])
     assert lo <= point <= hi and point == pytest.approx((2 / 3 + 1 / 2) / 2)
 

@@ -17,11 +17,11 @@ def clip(v):
 
 def err(ts):
     """(points, [lower errors, upper errors]) in % from (point, lo, hi) tuples, the interval clipped to
-    0-100 %; None stays NaN (a gap in the line)."""
+    0-100 %; None stays NaN (a gap in the line), an interval of None bounds ("n too small") no bar."""
     nan = float("nan")
     ys = [100 * t[0] if t else nan for t in ts]
-    lo = [100 * t[0] - clip(100 * t[1]) if t else nan for t in ts]
-    hi = [clip(100 * t[2]) - 100 * t[0] if t else nan for t in ts]
+    lo = [100 * t[0] - clip(100 * t[1]) if t and t[1] is not None else nan for t in ts]
+    hi = [clip(100 * t[2]) - 100 * t[0] if t and t[2] is not None else nan for t in ts]
     return ys, [lo, hi]
 
 

@@ -109,6 +109,7 @@ def plot_resilience(cells, path):
              for s in structures]
     drops = [s["drop_ci"] for s in structures]
     ys = [d[0] for d in drops]
+    drops = [d if d[1] is not None else (d[0], d[0], d[0]) for d in drops]  # "n too small": no error bar
     err = [[d[0] - d[1] for d in drops], [d[2] - d[0] for d in drops]]
     bars = ax.bar(range(len(ys)), ys, yerr=err, capsize=5, color="tab:red", alpha=0.7, label="ours (95% CI)")
     _values(ax, bars, lambda v: f"{v:+.1f}")

@@ -4,10 +4,12 @@ directories.
     tables = build_report(["runs/table3"])          # list of Table
     print(render(tables, "md"))
 
-Every accuracy is printed as `61.0 [52.3, 69.7]`: percent, with a 95 % bootstrap interval over
-problems (fixed seed: the same report every time). Δ and drops are in points, their intervals paired
-over the problems both runs have. The test-time scaling table is the paper's mean ± std over bootstrap
-trials. A sweep's published numbers appear beside the cells whose params match their `where`.
+Every accuracy is printed as `61.0 [52.3, 69.7] W`: percent, with a 95 % interval over problems whose
+method the tag names (protocols/metrics/intervals.py decides it; each table's legend lists the tags it
+uses; "n too small" where none can be given honestly; fixed seeds: the same report every time). Δ, BFTI
+and drops are in points, their intervals paired over the problems both sides have. The test-time
+scaling table is the paper's mean ± std over bootstrap trials. A sweep's published numbers appear
+beside the cells whose params match their `where`.
 """
 import csv
 import io
@@ -18,7 +20,7 @@ from . import report_data as data
 from .report_frontier import frontier_table
 from .report_scale import scale_table
 from .report_cells import format_published, load_cells, matches, metric_name, short_model
-from .report_table import Table, num as _num, pct, pts
+from .report_table import Table, num as _num, pct, pts, with_legend
 
 FORMATS = ("md", "csv", "tex")
 
@@ -93,7 +95,7 @@ def sweep_tables(cells) -> list:
         t = tables.setdefault(tuple(labels), Table(
             f"Corruption sweep: MAJ vs RRMaj (N={g['n']}; {', '.join(c['label'] for c in cols)})",
             ["setting", "method"] + labels, [],
-            ["accuracy %, 95% bootstrap CI over problems; Δ = RRMaj - MAJ in points, paired over problems; 0c is "
+            ["accuracy %, 95% CI over problems; Δ = RRMaj - MAJ in points, paired over problems; 0c is "
              "the ceiling (no corrupted agent), all corrupted the floor; an average resamples each setting's "
              "problems on their own."]))
         t.rows += [[g["label"], "MAJ"] + [pct(c["maj_ci"]) for c in cols],
@@ -145,7 +147,7 @@ def k_table(cells):
         rows.append([g["label"], "RRMaj" if g["method"] == "rrmaj" else "RR"] +
                     [pct(by_k[k]["ci"]) if k in by_k else "–" for k in ks] + [pct(g["maj"])])
     return Table("Chunk size K", ["setting", "method"] + [f"K={k}" for k in ks] + ["MAJ"], rows,
-                 ["accuracy %, 95% bootstrap CI over problems."])
+                 ["accuracy %, 95% CI over problems."])
 
 
 def cost_table(cells):
@@ -190,13 +192,13 @@ def byzantine_tables(cells) -> list:
     rounds = [r + ["–"] * (width - len(r)) for r in rounds]
     headline = Table("SAC / CP-WBFT", ["cell", "protocol", "topology", "IAA", "FAA", "BFTI", "RA", "H-Majority",
                                        "paper"], rows,
-                     ["%, 95% bootstrap CI over problems; BFTI = FAA - IAA in points; RA is the paper's (SAC: honest "
+                     ["%, 95% CI over problems; BFTI = FAA - IAA in points; RA is the paper's (SAC: honest "
                       "agents' plurality; CP-WBFT: the global decision)."])
     out = [headline]
     if rounds:
         out.append(Table("Weak / strong accuracy per round", ["cell", "protocol", "topology", "group"] +
                          [f"Rnd {t}" for t in range(width - 4)], rounds,
-                         ["%, 95% bootstrap CI over problems; a run that stopped early repeats its last round."]))
+                         ["%, 95% CI over problems; a run that stopped early repeats its last round."]))
     return out
 
 
@@ -210,7 +212,7 @@ def adversary_table(cells):
             [pct(g["modes"][m][metric], metric == "BFTI") if m in g["modes"] else "–" for m in modes]
             for g in groups for metric in data.ADVERSARY_METRICS]
     return Table("SAC / CP-WBFT by adversary", ["setting", "protocol", "topology", "metric"] + modes, rows,
-                 ["%, 95% bootstrap CI over problems; BFTI = FAA - IAA in points; a setting's cells differ only in "
+                 ["%, 95% CI over problems; BFTI = FAA - IAA in points; a setting's cells differ only in "
                   "the adversary (fixed: the paper's replayed wrong answer; judge-targeted: the same answer with text "
                   "aimed at the judges; adaptive: the wrong answer its own judge scores highest each round)."])
 
@@ -237,8 +239,8 @@ def resilience_tables(cells) -> list:
                    share(s["recovered"], s["note"]), _num(s["paper_drop"], "{:.1f}")] for s in report["structures"]]
     inert = sorted({f"{r['system']} ({r['task']}: {r['inert']})" for r in report["rows"] if r.get("inert")})
     notes = ["points (HumanEval: pass@1 %; CIAR, FairEval: accuracy %; CommonMT: sentence chrF, not BLEURT-20 as "
-             "in the paper, so CommonMT scores are not comparable with the paper's), 95% CI over problems (Wilson "
-             "for pass/fail scores); drop = clean - faulty (paired); recovered = (defended - faulty) / (clean - faulty)."]
+             "in the paper, so CommonMT scores are not comparable with the paper's), 95% CI over problems; drop = "
+             "clean - faulty (paired over problems); recovered = (defended - faulty) / (clean - faulty)."]
     if inert:
         notes.append(f"AutoInject rewrote no piece of any message in {', '.join(inert)}: the faulty run is the clean "
                      "one, so its drop is 0 by construction and says nothing about resilience.")
@@ -263,7 +265,7 @@ def build_report(dirs) -> list:
     tables.append(scale_table(cells))
     tables += [averages_table(cells, sweeps, analysis.get("m_max", 40), analysis.get("trials", 50)),
                published_table(cells, sweeps)]
-    return [t for t in tables if t is not None]
+    return [with_legend(t) for t in tables if t is not None]
 
 
 # ---------------------------------------------------------------------------- rendering

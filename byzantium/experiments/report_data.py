@@ -1,7 +1,7 @@
 """The numbers behind the report's tables and plots, from cells (report_cells.load_cells).
 
-Each analysis returns plain dicts (accuracies as (point, lo, hi) with a 95 % bootstrap interval over
-problems) or [] / None when the cells do not support it; report.py renders them as tables and plot.py
+Each analysis returns plain dicts (accuracies as intervals.Interval (point, lo, hi) with a 95 % interval
+over problems) or [] / None when the cells do not support it; report.py renders them as tables and plot.py
 draws them. The Consensus Trap analyses reuse protocols/rr_metrics.py; resilience reuses
 experiments/resilience_table.resilience_report.
 """
@@ -269,7 +269,10 @@ def byzantine(cells) -> list:
         rounds = max(len(m["acc"]["all"]) for m in ms)
         per_round = {g: [mean_ci([m["acc"][g][min(t, len(m["acc"][g]) - 1)] for m in ms]) for t in range(rounds)]
                      for g in ("weak", "strong") if any(m["acc"][g][0] is not None for m in ms)}
-        out.append(dict(cell=c, metrics={k: mean_ci([m[k] for m in ms]) for k in HEADLINE}, rounds=per_round,
+        metrics = {k: mean_ci([m[k] for m in ms]) for k in HEADLINE}
+        # BFTI = FAA - IAA per problem: a difference, so a paired interval
+        metrics["BFTI"] = diff_ci({i: m["IAA"] for i, m in enumerate(ms)}, {i: m["FAA"] for i, m in enumerate(ms)})
+        out.append(dict(cell=c, metrics=metrics, rounds=per_round,
                         published={k: published_for(c, k) for k in HEADLINE}))
     return out
 
@@ -305,8 +308,9 @@ def by_adversary(cells) -> list:
 # ---------------------------------------------------------------------------- resilience
 
 def _points(t):
-    """An interval of a [0, 1] score in points (computed on the score, so that pass@1 gets its Wilson interval)."""
-    return None if t is None or t[0] is None else tuple(100 * x for x in t)
+    """An interval of a [0, 1] score in points (computed on the score, so that pass@1 gets its Wilson
+    interval; scaled here, once)."""
+    return None if t is None or t[0] is None else t.scaled(100)
 
 
 def resilience(cells):
@@ -331,8 +335,8 @@ def resilience(cells):
                 return c
         return None
 
-    def points(cell):
-        return {k: None if v is None else 100 * v for k, v in per_problem(cell).items()} if cell else {}
+    def scores(cell):
+        return per_problem(cell) if cell else {}
 
     for row in report["rows"]:
         clean = find(row, False, "none")
@@ -348,13 +352,13 @@ def resilience(cells):
                         if row["fault"] == "autoinject" and faulty is not None and not m.get("inject_pieces_rewritten")
                         else None)
         # drop = clean - faulty, paired over problems
-        row["drop_ci"] = diff_ci(points(faulty), points(clean)) if clean and faulty else None
+        row["drop_ci"] = _points(diff_ci(scores(faulty), scores(clean))) if clean and faulty else None
         row["published"] = list({id(p): p for cell in (clean, faulty, defended) if cell
                                  for p in published_for(cell)}.values())  # once each
 
     def averaged(rows, name):
         """problem id -> mean over the rows' systems (the structure's mean, resampled by problem)."""
-        dicts = [points(r[name + "_cell"]) for r in rows if r[name + "_cell"] is not None]
+        dicts = [scores(r[name + "_cell"]) for r in rows if r[name + "_cell"] is not None]
         ids = set.intersection(*(set(d) for d in dicts)) if dicts else set()
         return {i: sum(d[i] for d in dicts) / len(dicts) for i in ids if all(d[i] is not None for d in dicts)}
 
@@ -363,8 +367,8 @@ def resilience(cells):
                 (s["task"], s["structure"], s["fault"], s["defense"])]
         avg = {name: averaged(rows, name) for name in ("clean", "faulty", "defended")}
         for name, values in avg.items():
-            s[name + "_ci"] = mean_ci(values.values()) if values else None
-        s["drop_ci"] = diff_ci(avg["faulty"], avg["clean"]) if avg["clean"] and avg["faulty"] else None
+            s[name + "_ci"] = _points(mean_ci(values.values())) if values else None
+        s["drop_ci"] = _points(diff_ci(avg["faulty"], avg["clean"])) if avg["clean"] and avg["faulty"] else None
     return report
 
 
