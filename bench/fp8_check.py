@@ -8,6 +8,8 @@ the time of each. Exits 1 when an error is past --max-rel-err.
     python bench/fp8_check.py --device cpu --shapes 512x1024 --batches 1,8   # a smoke run without a GPU
 """
 import argparse
+import json
+import os
 import sys
 import time
 
@@ -69,6 +71,7 @@ def main(argv=None):
     parser.add_argument("--shapes", default="8192x28672,28672x8192", help="INxOUT,... (Llama 70B's MLP)")
     parser.add_argument("--batches", default="1,256")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--out", default=None, help="write the rows to OUT/fp8_check.json too")
     parser.add_argument("--max-rel-err", type=float, default=0.06,
                         help="against bf16 F.linear: e4m3 weights and activations, ~3-4%% expected")
     args = parser.parse_args(argv)
@@ -79,11 +82,12 @@ def main(argv=None):
     if device.type == "cuda":
         print(f"fp8_check: {torch.cuda.get_device_name(device)}, compute capability "
               f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}, torch {torch.__version__}")
-    failed = False
+    failed, rows = False, []
     for shape in args.shapes.split(","):
         in_features, out_features = map(int, shape.split("x"))
         for batch in map(int, args.batches.split(",")):
             r = check(in_features, out_features, batch, device, args.iters)
+            rows.append(r)
             bad = r["err_vs_bf16"] > args.max_rel_err
             failed |= bad
             print(f"{r['shape']:>12} batch {r['batch']:>4} {r['path']:>10}: rel err vs bf16 {r['err_vs_bf16']:.4f}, "
@@ -91,6 +95,11 @@ def main(argv=None):
                   f" bf16 {r['bf16_ms']:.3f} ms ({r['bf16_tflops']:.1f} TFLOP/s) x{r['speedup']:.2f}"
                   f"{'  FAIL' if bad else ''}")
     print("fp8_check:", "FAIL" if failed else "OK")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "fp8_check.json"), "w") as f:
+            json.dump({"device": str(device), "iters": args.iters, "max_rel_err": args.max_rel_err, "rows": rows,
+                       "ok": not failed}, f, indent=1)
     return 1 if failed else 0
 
 

@@ -64,6 +64,8 @@ def supported() -> bool:
 
 def unsupported_reason():
     """Why the kernels cannot be built here, or None."""
+    if os.environ.get("BYZANTIUM_CPU_KERNELS", "").lower() in ("0", "off", "false", "no"):
+        return "BYZANTIUM_CPU_KERNELS turns them off (as the GPU check does: it builds nothing)"
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
     if not sys.platform.startswith("linux"):
         return f"they are built on Linux only, this is {sys.platform}"
