@@ -7,8 +7,9 @@ CUDA and skip without it. What they assert there:
   scale, so last-position logits are compared at 2^-4 of the reference's largest magnitude.
 - greedy tokens equal the reference's until the first step where the reference's two best logits are
   closer than that bound: there a rounding may pick the other one, and from there the sequences may part.
-- fp32 on CUDA: Triton's tl.dot and cuBLAS may take TF32 inputs (10 significant bits, 2^-11 relative), so
-  the bound is 2^-7 of the logits' scale instead of the CPU tests' 1e-4.
+- fp32 on CUDA: the Triton dots run at input_precision "ieee" and torch leaves cuBLAS's TF32 off, so only
+  the order of the sums differs from the CPU (a few fp32 ulps of each sum's magnitude): the CPU tests'
+  1e-4 of the logits' scale, 2^-13, holds.
 """
 import pytest
 import torch
@@ -18,7 +19,7 @@ from conftest import build_tiny, random_prompts
 
 CUDA = torch.cuda.is_available()
 NEW_TOKENS = 16
-RELATIVE_BOUND = {torch.bfloat16: 2.0 ** -4, torch.float32: 2.0 ** -7}
+RELATIVE_BOUND = {torch.bfloat16: 2.0 ** -4, torch.float32: 2.0 ** -13}
 
 
 def build(arch):
