@@ -112,7 +112,7 @@ def test_padded_decode_step_matches_unpadded(tiny_llama):
         engine.abort(seq)
 
 
-def test_fixed_splits_come_from_max_model_len():
+def test_fixed_splits_come_from_max_model_len_and_the_rows_bucket():
     calls = []
     ops = types.SimpleNamespace(
         __name__="byzantium.kernels.triton_ops", store_kv="store",
@@ -123,7 +123,8 @@ def test_fixed_splits_come_from_max_model_len():
     tables = torch.zeros(8, 3, dtype=torch.int32)  # this step's contexts are short: not what decides
     fixed.paged_decode_attention(q, cache, cache, None, tables, 0.1)
     fixed.paged_decode_attention(q, cache, cache, None, tables, 0.1, window=512)
-    assert calls == [(None, (8, 2, 4096)), (512, (8, 2, 512))]
+    fixed.paged_decode_attention(q[:3], cache, cache, None, tables[:3], 0.1)  # eager, 3 rows: as bucket 4
+    assert calls == [(None, (8, 2, 4096)), (512, (8, 2, 512)), (None, (4, 2, 4096))]
     assert fixed.store_kv == "store" and fixed.__name__ == "byzantium.kernels.triton_ops"
     plain = FixedSplits(types.SimpleNamespace(__name__="byzantium.kernels.reference",
                                               paged_decode_attention=lambda *args: "ref"), 4096)

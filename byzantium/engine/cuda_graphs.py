@@ -39,9 +39,11 @@ def bucket_for(num_rows, buckets):
 
 
 class FixedSplits:
-    """meta.ops of a graphed step: the attention backend, with paged_decode_attention's split count (its
-    launch grid) chosen from the bucket and max_model_len, explicitly: never from what a step holds, so
-    every replay's grid is the captured one."""
+    """meta.ops of every staged (CUDA) step, graphed or eager: the attention backend, with
+    paged_decode_attention's split count (its launch grid) chosen from the rows' bucket and max_model_len,
+    explicitly: never from what a step holds, so every replay's grid is the captured one, an eager step
+    sums in the same splits as a graphed one of its bucket (the same results in both modes), and no new
+    split count compiles mid-serving."""
 
     def __init__(self, ops, max_model_len):
         self.ops, self.max_model_len = ops, max_model_len
@@ -58,7 +60,8 @@ class FixedSplits:
         if self.choose is None:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window, **chunk)
         context = min(self.max_model_len, window or self.max_model_len, chunk.get("chunk") or self.max_model_len)
-        splits = self.choose(q.shape[0], k_cache.shape[2], context, q.device)
+        rows = bucket_for(q.shape[0], BUCKETS) or q.shape[0]  # an eager step of 3 rows: as its graph of 4
+        splits = self.choose(rows, k_cache.shape[2], context, q.device)
         return self.ops.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window,
                                                num_splits=splits, **chunk)
 

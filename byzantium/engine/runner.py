@@ -159,7 +159,7 @@ class ModelRunner:
         self.buffers = StepBuffers(max(max_batch_tokens, max_num_seqs), max_num_seqs, max_blocks, self.device, pin)
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, max_blocks, self.device)
-            self.graph_ops = FixedSplits(self.ops, max_model_len)
+        self.graph_ops = FixedSplits(self.ops, max_model_len)  # eager steps too: the graphs' split counts
 
     def describe(self):
         """Whether decode steps replay CUDA graphs, at which buckets, which are captured so far."""
@@ -253,7 +253,7 @@ class ModelRunner:
         if t is None:
             return None
         meta = AttentionMetadata(
-            ops=self.graph_ops if pad_to is not None and self.graphs is not None else self.ops,
+            ops=self.graph_ops,
             slot_mapping=t["slot_mapping"], num_decode=len(decode_lens),
             decode_seq_lens=t.get("decode_seq_lens"), decode_block_tables=t.get("decode_block_tables"),
             cu_seqlens_q=t.get("cu_seqlens_q"), prefill_seq_lens=t.get("prefill_seq_lens"),
