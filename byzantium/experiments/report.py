@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..commands import Command
 from . import report_data as data
+from . import report_diagnostics as diag
 from .report_frontier import frontier_table
 from .report_scale import scale_table
 from .report_cells import format_published, load_cells, matches, metric_name, short_model
@@ -35,15 +36,18 @@ def cells_table(cells) -> Table:
         status = c.status + (f": {c.error}" if c.error else "")
         cut = r["truncated"]
         rows.append([c.name, c.method, data.label(cells, c, ("method",)), total, str(r["errors"]),
-                     f"{r['parse_final']} / {r['parse_voters']}",
+                     f"{r['parse_final']} / {r['parse_voters']}", diag.answers(c), diag.other_replies(c),
                      "–" if not cut or not cut[1] else f"{100 * cut[0] / cut[1]:.0f}% ({cut[0]}/{cut[1]})",
-                     metric_name(c), pct(r["value"]), format_published(r["published"]), status])
+                     metric_name(c), diag.mark(pct(r["value"]), c), format_published(r["published"]), status])
     notes = ["n: problems with a result (of the run's total); errors: error rows (an instance that raised); "
              "parse failures: unreadable final answers / unreadable answers of voters or agents; truncated: "
              "RR/RRMaj trajectories that reached the length limit L before an agent ended them."]
+    notes += [diag.NOTE]
     notes += [f"{r['cell'].name}: {r['idle']}." for r in data.cell_rows(cells) if r["idle"]]
-    return Table("Cells", ["cell", "method", "settings", "n", "errors", "parse failures (final / voters)", "truncated",
-                           "metric", "ours [95% CI]", "paper", "status"], rows, notes)
+    notes += [n for n in [diag.footnote(cells)] if n]
+    return Table("Cells", ["cell", "method", "settings", "n", "errors", "parse failures (final / voters)", "answers",
+                           "other replies unparsed", "truncated", "metric", "ours [95% CI]", "paper", "status"], rows,
+                 notes)
 
 
 def published_table(cells, sweeps):
@@ -87,7 +91,7 @@ def averages_table(cells, sweeps, m_max=40, trials=50):
 
 def sweep_tables(cells) -> list:
     """One table per set of columns (agents N and patterns run): a block of rows per setting, as the paper."""
-    tables = {}
+    tables, members = {}, {}  # members: the cells each table's numbers come from (for its footnote)
     for g in data.corruption_sweep(cells):
         cols = g["columns"]
         labels = [c["label"] + (" (ceiling)" if c["c"] == 0 else " (floor)" if c["c"] == g["n"] else "")
@@ -98,13 +102,16 @@ def sweep_tables(cells) -> list:
             ["accuracy %, 95% CI over problems; Δ = RRMaj - MAJ in points, paired over problems; 0c is "
              "the ceiling (no corrupted agent), all corrupted the floor; an average resamples each setting's "
              "problems on their own."]))
-        t.rows += [[g["label"], "MAJ"] + [pct(c["maj_ci"]) for c in cols],
-                   [g["label"], "RRMaj"] + [pct(c["rrmaj_ci"]) for c in cols],
-                   [g["label"], "Δ (points)"] + [pct(c["delta"], True) for c in cols]]
+        t.rows += [[g["label"], "MAJ"] + [diag.mark(pct(c["maj_ci"]), c["maj"]) for c in cols],
+                   [g["label"], "RRMaj"] + [diag.mark(pct(c["rrmaj_ci"]), c["rrmaj"]) for c in cols],
+                   [g["label"], "Δ (points)"] + [diag.mark(pct(c["delta"], True), c["maj"], c["rrmaj"]) for c in cols]]
+        members.setdefault(tuple(labels), []).extend(c[m] for c in cols for m in ("maj", "rrmaj"))
         for method in ("maj", "rrmaj"):
             paper = [format_published(data.published_for(c[method]), False) if c[method] else "" for c in cols]
             if any(paper):
                 t.rows.append([g["label"], ("MAJ" if method == "maj" else "RRMaj") + " (paper)"] + paper)
+    for key, t in tables.items():
+        t.notes += [n for n in [diag.footnote(members[key])] if n]
     return list(tables.values())
 
 
@@ -145,9 +152,10 @@ def k_table(cells):
     for g in groups:
         by_k = {p["k"]: p for p in g["points"]}
         rows.append([g["label"], "RRMaj" if g["method"] == "rrmaj" else "RR"] +
-                    [pct(by_k[k]["ci"]) if k in by_k else "–" for k in ks] + [pct(g["maj"])])
+                    [diag.mark(pct(by_k[k]["ci"]), by_k[k]["cell"]) if k in by_k else "–" for k in ks] + [pct(g["maj"])])
+    flagged = diag.footnote([p["cell"] for g in groups for p in g["points"]])
     return Table("Chunk size K", ["setting", "method"] + [f"K={k}" for k in ks] + ["MAJ"], rows,
-                 ["accuracy %, 95% CI over problems."])
+                 ["accuracy %, 95% CI over problems."] + ([flagged] if flagged else []))
 
 
 def cost_table(cells):
@@ -185,15 +193,21 @@ def byzantine_tables(cells) -> list:
         topo = str(c.params.get("topology", "–"))
         paper = "; ".join(format_published(v) for v in r["published"].values() if v)
         rows.append([c.name, c.method.upper(), topo] +
-                    [pct(r["metrics"][k], k == "BFTI") for k in data.HEADLINE] + [paper])
+                    [diag.mark(pct(r["metrics"][k], k == "BFTI"), c) for k in data.HEADLINE] +
+                    [diag.answers(c), diag.other_replies(c), diag.filter_drops(c), diag.on_adversary(c), paper])
         for g, values in r["rounds"].items():
             rounds.append([c.name, c.method.upper(), topo, g] + [pct(v) for v in values])
     width = max(len(r) for r in rounds) if rounds else 4
     rounds = [r + ["–"] * (width - len(r)) for r in rounds]
     headline = Table("SAC / CP-WBFT", ["cell", "protocol", "topology", "IAA", "FAA", "BFTI", "RA", "H-Majority",
-                                       "paper"], rows,
-                     ["%, 95% CI over problems; BFTI = FAA - IAA in points; RA is the paper's (SAC: honest "
-                      "agents' plurality; CP-WBFT: the global decision)."])
+                                       "answers", "other replies unparsed", "filter dropped (dropped/judged)",
+                                       "honest on adversary's answer", "paper"], rows,
+                     ["%, 95% CI over problems; BFTI = FAA - IAA in points, paired over problems; RA is the paper's "
+                      "(SAC: honest agents' plurality; CP-WBFT: the global decision).", diag.NOTE,
+                      "filter dropped: SAC's filter, per role of the judged neighbour, times it dropped that neighbour "
+                      "of the times it judged one; honest on adversary's answer: honest agents' final (read) answers "
+                      "that are an adversary's wrong answer."] + [n for n in [diag.footnote([r["cell"] for r in runs])]
+                                                                   if n])
     out = [headline]
     if rounds:
         out.append(Table("Weak / strong accuracy per round", ["cell", "protocol", "topology", "group"] +
@@ -209,12 +223,15 @@ def adversary_table(cells):
         return None
     modes = [m for m in data.ADVERSARY_MODES if any(m in g["modes"] for g in groups)]
     rows = [[g["label"], g["method"].upper(), str(g["topology"] or "–"), metric] +
-            [pct(g["modes"][m][metric], metric == "BFTI") if m in g["modes"] else "–" for m in modes]
+            [diag.mark(pct(g["modes"][m][metric], metric == "BFTI"), g["cells"][m]) if m in g["modes"] else "–"
+             for m in modes]
             for g in groups for metric in data.ADVERSARY_METRICS]
+    flagged = diag.footnote([c for g in groups for c in g["cells"].values()])
     return Table("SAC / CP-WBFT by adversary", ["setting", "protocol", "topology", "metric"] + modes, rows,
-                 ["%, 95% CI over problems; BFTI = FAA - IAA in points; a setting's cells differ only in "
-                  "the adversary (fixed: the paper's replayed wrong answer; judge-targeted: the same answer with text "
-                  "aimed at the judges; adaptive: the wrong answer its own judge scores highest each round)."])
+                 ["%, 95% CI over problems; BFTI = FAA - IAA in points, paired over problems; a setting's cells differ "
+                  "only in the adversary (fixed: the paper's replayed wrong answer; judge-targeted: the same answer "
+                  "with text aimed at the judges; adaptive: the wrong answer its own judge scores highest each "
+                  "round)."] + ([flagged] if flagged else []))
 
 
 def resilience_tables(cells) -> list:
@@ -231,8 +248,12 @@ def resilience_tables(cells) -> list:
         fault = (r.get("fault_settings") or {}).get("error_type") if r["fault"] == "autoinject" else None
         return r["system"] + "".join(f" ({x})" for x in (short_model(r.get("model")) if several else None, fault) if x)
 
-    rows = [[system(r), r["structure"], r["task"], r["fault"] or "–", r["defense"] or "–", pts(r["clean_ci"]),
-             pts(r["faulty_ci"]), pts(r["defended_ci"]), pts(r["drop_ci"], True), share(r["recovered"], r["note"]),
+    rows = [[system(r), r["structure"], r["task"], r["fault"] or "–", r["defense"] or "–",
+             diag.mark(pts(r["clean_ci"]), r["clean_cell"]), diag.mark(pts(r["faulty_ci"]), r["faulty_cell"]),
+             diag.mark(pts(r["defended_ci"]), r["defended_cell"]),
+             diag.mark(pts(r["drop_ci"], True), r["clean_cell"], r["faulty_cell"]), share(r["recovered"], r["note"]),
+             " / ".join(diag.answers(r[k + "_cell"]) if r[k + "_cell"] else "–" for k in ("clean", "faulty", "defended")),
+             diag.other_replies(r["defended_cell"]) if r["defended_cell"] else "–",
              format_published(r["published"])] for r in report["rows"]]
     structures = [[s["structure"], s["task"], s["fault"] or "–", s["defense"] or "–", str(len(s["systems"])),
                    pts(s["clean_ci"]), pts(s["faulty_ci"]), pts(s["defended_ci"]), pts(s["drop_ci"], True),
@@ -241,11 +262,17 @@ def resilience_tables(cells) -> list:
     notes = ["points (HumanEval: pass@1 %; CIAR, FairEval: accuracy %; CommonMT: sentence chrF, not BLEURT-20 as "
              "in the paper, so CommonMT scores are not comparable with the paper's), 95% CI over problems; drop = "
              "clean - faulty (paired over problems); recovered = (defended - faulty) / (clean - faulty)."]
+    notes.append("answers (clean / faulty / defended): the final outputs read again with the answer reader, "
+                 "unread or ambiguous (code and translations are scored whole: 0 replies); Inspector: its decisions "
+                 "that were not valid JSON, in the defended run.")
+    flagged = diag.footnote([r[k + "_cell"] for r in report["rows"] for k in ("clean", "faulty", "defended")])
+    notes += [flagged] if flagged else []
     if inert:
         notes.append(f"AutoInject rewrote no piece of any message in {', '.join(inert)}: the faulty run is the clean "
                      "one, so its drop is 0 by construction and says nothing about resilience.")
     return [Table("Resilience by system", ["system", "structure", "task", "fault", "defence", "clean", "faulty",
-                                           "defended", "drop", "recovered", "paper"], rows, notes),
+                                           "defended", "drop", "recovered", "answers", "other replies unparsed",
+                                           "paper"], rows, notes),
             Table("Resilience by structure", ["structure", "task", "fault", "defence", "systems", "clean", "faulty",
                                               "defended", "drop", "recovered", "paper drop"], structures,
                   ["means over the structure's systems, CI over problems (systems' scores averaged per problem).",

@@ -301,7 +301,8 @@ def by_adversary(cells) -> list:
         out.append(dict(method=method, topology=head.params.get("topology"),
                         label=label(heads, head, ("adversary", "adversary_model", "topology")),
                         modes={m: {k: g[m]["metrics"][k] for k in ADVERSARY_METRICS}
-                               for m in sorted(g, key=lambda m: order.get(m, len(order)))}))
+                               for m in sorted(g, key=lambda m: order.get(m, len(order)))},
+                        cells={m: g[m]["cell"] for m in g}))
     return out
 
 

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..backends import SamplingParams
+from ..protocols.metrics.diagnostics import cell_diagnostics
 from ..protocols.resilience import build_system, make_defense, make_fault, run_system
 from ..protocols.resilience.inspector import DECISION_SCHEMA
 from ..protocols.resilience.structures import PARAMS as AGENT_PARAMS
@@ -98,6 +99,7 @@ def summarize(records, llms) -> dict:
     if kind == "code":
         summary["pass@1"] = summary["score"]
     summary["messages"] = {k: sum(r["stats"].get(k, 0) for r in records) for k in MESSAGE_STATS}
+    summary["diagnostics"] = cell_diagnostics("resilience", records)  # unread answers, invalid Inspector replies
     sources = [r["autotransform"]["source"] for r in records if r.get("autotransform")]
     if sources:
         summary["autotransform"] = {"llm": sources.count("llm"), "fallback": sources.count("fallback")}

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from ..protocols.attacks import ATTACK_MODES, ATTACKS, CANDIDATES, make_agents
+from ..protocols.metrics.diagnostics import cell_diagnostics
 from ..protocols.round_robin import ORDERS, round_robin, rr_majority, speaking_order
 from ..protocols.rr_prompts import TEMPERATURE
 from ..protocols.voting import majority_vote
@@ -163,6 +164,7 @@ def summarize(method, records, llms, since=None):
             "correct": sum(r["correct"] for r in records),
             "parse_failures": sum(r["answer"] is None for r in records),
             "details": _details(method, records),
+            "diagnostics": cell_diagnostics(method, records),  # answers read as unread or ambiguous
             "engine": engine_stats(llms, since)}
 
 

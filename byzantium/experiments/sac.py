@@ -25,6 +25,7 @@ from ..backends.params import SamplingParams
 from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft
+from ..protocols.metrics.diagnostics import cell_diagnostics
 from ..protocols.metrics.sac import COUNTS, GROUPS, RA_TIES, judgements, summarize as summarize_metrics
 from ..protocols.sac import LOGPROB_KINDS, SCORE_MODES, Scorer, run_sac
 from .rr import engine_stats
@@ -262,6 +263,8 @@ def step_marks(llms):
 
 def summarize(records, llms, since=None, graph=None, marks=None):
     out = {**summarize_metrics(records), "engine": engine_stats(llms, since)}
+    if records:  # unreadable replies and what the filter did, for the report's diagnostics columns
+        out["diagnostics"] = cell_diagnostics(records[0].get("protocol", "sac"), records)
     if graph is not None:
         out["graph"] = graph_facts(graph)
     batches = scoring_batches(llms, marks)

@@ -113,12 +113,16 @@ def instance_metrics(record) -> dict:
 
 def judgements(record) -> int:
     """The judge calls SAC's honest agents made on one problem: each one's self-score in round 0, then per
-    round one per neighbour plus a re-score when its answer changed (0 for CP-WBFT, whose agents judge none)."""
+    round one per neighbour plus a re-score, every round (record "rescore" = "always", the paper's) or when
+    its answer changed ("changed", and records written before SAC re-scored every round); 0 for CP-WBFT,
+    whose agents judge none."""
     if record.get("protocol") != "sac":
         return 0
+    every_round = record.get("rescore", "changed") == "always"
     count = sum(1 for a in record["rounds"][0]["agents"] if "self_score" in a)
     for r in record["rounds"][1:]:
-        count += sum(len(a["scores"]) + (a["answer"] != a["previous"]) for a in r["agents"] if "scores" in a)
+        count += sum(len(a["scores"]) + (every_round or a["answer"] != a["previous"]) for a in r["agents"]
+                     if "scores" in a)
     return count
 
 
