@@ -24,8 +24,9 @@ Nothing readable leaves every chosen piece unchanged ("invalid", counted in json
 is another model's output about untrusted text, so it is only ever data: a version replaces only the
 asked piece of its index, is refused when it is a refusal, holds control characters, or is much longer
 than its piece (MAX_GROWTH), and nothing in it is run or parsed further. A missing index, an empty or
-refused value, or a version equal to the piece leaves that piece unchanged (counted in
-pieces_unchanged). A number as value counts as its text (the reference dropped numeric changes).
+refused value, a version equal to the piece, or one that only completes a cut-off piece with closing
+marks (`def f(a, b` -> `def f(a, b):`, no error in it) leaves that piece unchanged (counted in
+pieces_unchanged), so a run whose every "rewrite" was such a completion reports none. A number as value counts as its text (the reference dropped numeric changes).
 Choices come from random.Random seeded by sha256 of (seed, task id, message index).
 """
 import json
@@ -58,6 +59,7 @@ _LABELLED = re.compile(r'^\s*(?:\[(\d+)\]|"?(\d+)"?\s*(?::|[.)](?=\s)))\s*(.*?)\
 _KEYED = re.compile(r'^\s*\{|"\s*\d+\s*"\s*:')  # the start of an object, or a "1": key: no plain version
 _REFUSAL = re.compile(r"^\W*(i'?m sorry|sorry|i cannot|i can'?t|as an ai)\b", re.I)
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CLOSING = re.compile(r"[\s)\]}:;,.'\"]*")  # what finishes a cut-off piece without changing it
 
 INJECT_SYSTEM = (
     "You help test how multi-agent systems cope with a faulty member by planting errors in the messages "
@@ -129,11 +131,18 @@ def _unescape(value):
         return value
 
 
+def completes(piece, version) -> bool:
+    """Does `version` only finish `piece` (a signature cut off at the reply limit, `def f(a, b` ->
+    `def f(a, b):`), adding nothing but closing marks? That plants no error."""
+    core, start = version.strip(), piece.strip()
+    return core.startswith(start) and _CLOSING.fullmatch(core[len(start):]) is not None
+
+
 def acceptable(piece, version) -> bool:
     """Is `version` a usable erroneous version of `piece` (see the module's notes)?"""
     core = version.strip()
     return bool(core) and core != piece and not _REFUSAL.match(core) and not _CONTROL.search(core) and \
-        len(core) <= MAX_GROWTH * len(piece) + SLACK
+        len(core) <= MAX_GROWTH * len(piece) + SLACK and not completes(piece, core)
 
 
 class AutoInject(Fault):
