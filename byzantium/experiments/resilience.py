@@ -35,7 +35,7 @@ from ..protocols.resilience.structures import PARAMS as AGENT_PARAMS
 from ..tasks.resilience import BUILTIN_TASKS, RESILIENCE_TASKS, aggregate, score_output
 from .resilience_table import format_report, label, resilience_report
 from .rr import engine_stats
-from .runner import check_resume, read_results, run_async, split_errors, to_json, write_summary
+from .runner import build_wait_seconds, check_resume, read_results, run_async, split_errors, to_json, write_summary
 
 TASKS = RESILIENCE_TASKS + BUILTIN_TASKS
 METRICS = {"code": "pass@1", "number": "accuracy", "math": "accuracy", "verdict": "accuracy",
@@ -120,7 +120,7 @@ async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, ou
         score = await asyncio.to_thread(score_output, task, transcript["output"], allow_missing=sandbox_allow_missing)
         return {"task": task_name, "question": task.question, "gold": task.gold, "score": score, **transcript}
 
-    start, complete = time.perf_counter(), False
+    start, waited, complete = time.perf_counter(), build_wait_seconds(), False
     try:
         await run_async(tasks, solve, out, key=lambda t: t.id, concurrency=max(1, len(tasks)),
                         stats=lambda: engine_stats([llm]), desc=desc, progress=progress)
@@ -131,7 +131,8 @@ async def _run(system, task_name, tasks, llm, fault_obj, defense_obj, config, ou
         records, failed = split_errors(rows)  # error rows are counted, never scored
         summary = summarize(records, [llm])
         summary.update(config=config, instances=len(records), errors=len(failed), failed=failed, total=len(tasks),
-                       complete=complete and len(records) == len(tasks), seconds=time.perf_counter() - start)
+                       complete=complete and len(records) == len(tasks),
+                       seconds=time.perf_counter() - start - (build_wait_seconds() - waited))
         write_summary(out, summary)
     return to_json(summary)
 
@@ -230,13 +231,13 @@ async def run_resilience_sweep_async(systems, task_name, tasks, llm, fault="auto
             dirs.append(run_dir)
             runs.append((sys_obj, faults[f], build_defense(d, inspector_max_tokens, inspector_json), recorded, run_dir,
                          f"{name} {label(f, d)}"))
-    start = time.perf_counter()
+    start, waited = time.perf_counter(), build_wait_seconds()
     summaries = await asyncio.gather(*(_run(s, task_name, tasks, llm, fo, do, rec, path, gate, seed,
                                             _agent_params(max_tokens), progress, desc, sandbox_allow_missing)
                                        for s, fo, do, rec, path, desc in runs))
     report = resilience_report(summaries)
     report["runs"] = [str(p.relative_to(out)) for p in dirs]
-    report["seconds"] = time.perf_counter() - start
+    report["seconds"] = time.perf_counter() - start - (build_wait_seconds() - waited)  # not another's build
     report["engine"] = engine_stats([llm])  # the engine is shared: these are every run's together
     write_report(out, report)
     return report

@@ -94,6 +94,12 @@ def _find_ninja() -> bool:
 
 
 BUILD_WAIT_S = 900.0  # the most a process waits for another one's build before going on without it
+_waited = [0.0]  # seconds this process has spent waiting for another process's build
+
+
+def waited_seconds() -> float:
+    """Seconds this process has waited for another process's build: a run's wall time leaves them out."""
+    return _waited[0]
 
 
 @functools.cache
@@ -144,10 +150,12 @@ def locked_build(build_dir, build, wait_s=None):
     another process's build raises TimeoutError after wait_s (BUILD_WAIT_S); Ctrl-C ends the wait."""
     wait_s = BUILD_WAIT_S if wait_s is None else wait_s
     with open(build_dir / "byzantium.lock", "a") as lock:
-        deadline, told = time.monotonic() + wait_s, False
+        began = time.monotonic()
+        deadline, told = began + wait_s, False
         while True:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _waited[0] += time.monotonic() - began
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
