@@ -2,9 +2,13 @@
 
 Roles: "strong" (reliable), "weak" (faulty: a weaker model running the same protocol) and "adversary".
 The adversary does not run the protocol. Its modes:
-    fixed       replays a cached answer written for ANOTHER problem (the paper's "out-of-distribution
-                weak-model response"), checked with `is_correct` to be wrong for this one (the reference
-                code never checked, so its adversary was sometimes right)
+    fixed       replays a cached answer to ANOTHER problem of the run, checked with `is_correct` to be
+                wrong for this one (the reference code never checked, so its adversary was sometimes
+                right). Our reading, on purpose: the experiments cache the other problems' gold answers,
+                where the paper's B.4 adversary replays a weak model's response to an out-of-distribution
+                query. Only final answers travel between agents, so either way what arrives is a
+                well-formed answer to some other question, wrong here; gold answers always parse, need no
+                model call, and keep the adversary the same whichever weak model a run compares.
     equivocate  like fixed, but each neighbour gets its own wrong answer
     decoy       a model told to write a confident, subtly wrong solution; its answer is used only when
                 it is verified wrong, else the fixed answer (recorded as `fell_back`)
