@@ -484,11 +484,15 @@ def test_humaneval_in_process_mode_too():
     assert check_humaneval(PROBLEM, "    return x\n", isolation="process").status == "failed"
 
 
-def test_every_main_block_is_removed_and_the_right_solution_still_passes():
-    completion = ("def double(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    print(1)\n\n"
-                  "import unittest\nif __name__ == '__main__':\n    unittest.main()\n")
-    program = solution_program(PROBLEM["prompt"], completion, PROBLEM["entry_point"])
-    assert "unittest.main" not in program and "print(1)" not in program
+@pytest.mark.parametrize("completion", [
+    "def double(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    print(1)\n\n"
+    "import unittest\nif __name__ == '__main__':\n    unittest.main()\n",
+    # Written in ways no pattern over the source would catch: none of them runs (an input() there would fail).
+    "def double(x):\n    return 2 * x\n\ndef demo():\n    if __name__ == '__main__':\n        input()\n\ndemo()\n",
+    "def double(x):\n    return 2 * x\n\ntry:\n    if __name__ == '__main__':\n        input()\nexcept ImportError:\n    pass\n",
+    "def double(x):\n    return 2 * x\n\nif __name__ in ('__main__',):\n    print(double(int(input())))\n",
+])
+def test_main_blocks_never_run_as_in_the_official_harness(completion):
     assert check_humaneval(PROBLEM, completion).status == "passed"
 
 
