@@ -19,6 +19,7 @@ from ..commands import Command
 from . import report_data as data
 from . import report_diagnostics as diag
 from .report_frontier import frontier_table
+from .report_sample_size import sample_size_table
 from .report_scale import scale_table
 from .report_cells import format_published, load_cells, matches, metric_name, short_model
 from .report_table import Table, num as _num, pct, pts, with_legend
@@ -66,7 +67,10 @@ def published_table(cells, sweeps):
         return None
     return Table("Published numbers", ["sweep", "table", "method", "metric", "paper", "where", "matched cells"], rows,
                  ["an entry is shown beside the cells whose params equal every key of its `where`; one without "
-                  "`where` is a headline of the whole sweep."])
+                  "`where` is a headline of the whole sweep."] +
+                 (["The Consensus Trap's Tables 1, 2 and 6-9 cannot all come from its stated 128 questions per data "
+                   "set: see \"Sample sizes the paper's numbers imply\" for the sizes each table's numbers fit."]
+                  if any(s.get("paper") == "consensus-trap" for s in sweeps) else []))
 
 
 def averages_table(cells, sweeps, m_max=40, trials=50):
@@ -291,7 +295,7 @@ def build_report(dirs) -> list:
     tables.append(frontier_table(cells))
     tables.append(scale_table(cells))
     tables += [averages_table(cells, sweeps, analysis.get("m_max", 40), analysis.get("trials", 50)),
-               published_table(cells, sweeps)]
+               published_table(cells, sweeps), sample_size_table(sweeps)]
     return [with_legend(t) for t in tables if t is not None]
 
 
