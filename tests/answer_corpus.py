@@ -255,7 +255,7 @@ def latex_steps(rng, k):
     for _ in range(k):
         a, b, c = rng.randint(2, 12), rng.randint(2, 30), rng.randint(2, 9)
         lines.append(rng.choice([rf"We have $x^2 - {a}x + {b} = 0$.", rf"Multiplying both sides by ${c}$ gives ${c * b}$.",
-                                 rf"Note that $\frac{{{b}}}{{{c}}}$ does not simplify further here.",
+                                 rf"The factor $\frac{{{b}}}{{{c}}}$ comes back in the next step.",
                                  rf"Substituting $y = {a}$ gives $2y + {b} = {2 * a + b}$.",
                                  rf"Then $\sqrt{{{a * a}}} = {a}$, so the term is ${a}$.",
                                  rf"Expanding, $({a} + {c})^2 = {(a + c) ** 2}$."]))
@@ -728,7 +728,7 @@ def form_correction(g, rec, rng):
     oops = rng.choice(["Wait, I made an error in the second step.", "Hold on — I misread the question.",
                        "Actually, that's wrong: I dropped a condition.", "Let me re-check... I made a mistake above."])
     later = rng.choice([f"So the {n} is {g.spoken(rec, v, rng)}.", _marker(g, rec, v, rng),
-                        f"The corrected {n} is **{g.short(rec, v, rng)}**."])
+                        f"The corrected {n.replace('correct ', '')} is **{g.short(rec, v, rng)}**."])
     return (_reply(g.working(rec, rng), rng.choice(earlier), f"{oops} {arithmetic(rng, 1)[0]}\n{later}"),
             g.expected(rec, v))
 
