@@ -603,6 +603,57 @@ def test_one_memory_bound_for_the_whole_sandbox(name):
     assert res.missing == ()
 
 
+def _cpu_bound_or_skip():
+    _cgroup_or_skip()
+    from byzantium.tasks.cgroup import MemoryCgroup
+    group = MemoryCgroup.create(2**26)
+    try:
+        if not group.bound_cpu(sandbox.CPUS):
+            pytest.skip("the cgroup cpu controller is not this user's to use here")
+    finally:
+        group.remove()
+
+
+_SPINNERS = """
+import os, time
+for _ in range({n}):
+    if os.fork() == 0:
+        os.setsid()
+        end = time.monotonic() + {seconds}
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+"""
+
+
+def test_spinning_children_share_one_cpu_bound():
+    _cpu_bound_or_skip()
+    # Four children in new sessions spin for 1.5 s; with the sandbox's CPU bound they get its CPUS in all.
+    code = _SPINNERS.format(n=4, seconds=1.5) + (
+        "start, used = time.monotonic(), 0.0\nfor _ in range(4):\n    _, _, ru = os.wait4(-1, 0)\n"
+        "    used += ru.ru_utime + ru.ru_stime\nprint(used / (time.monotonic() - start))\n")
+    res = run_code(code, timeout_s=20)
+    assert res.passed, res.stderr
+    assert float(res.stdout) <= sandbox.CPUS * 1.15  # 15%: the quota is enforced per 100 ms period, roughly
+
+
+def test_a_forking_solution_does_not_starve_an_honest_check_beside_it():
+    _cpu_bound_or_skip()
+    problem = dict(PROBLEM, test="def check(candidate):\n    assert candidate(3) == 6\n")
+    # (posix.fork: the official harness's guard, applied in the solution's process, sets os.fork to None)
+    spinner = (_SPINNERS.format(n=48, seconds=20).replace("os.fork", "posix.fork").replace("import os", "import os, posix")
+               + "def double(x):\n    import time\n    time.sleep(20)\n")
+    honest = "def double(x):\n    sum(range(10**7))\n    return 2 * x\n"  # about half a CPU-second
+    hostile = threading.Thread(target=check_humaneval, args=(problem, spinner), kwargs={"timeout_s": 6})
+    hostile.start()
+    try:
+        time.sleep(1.0)  # the spinners are running
+        res = check_humaneval(problem, honest, timeout_s=4)
+    finally:
+        hostile.join()
+    assert res.status == "passed", res.stderr[-500:]
+
+
 def test_memory_cgroups_are_removed(monkeypatch):
     _cgroup_or_skip()
     from byzantium.tasks import cgroup

@@ -4,8 +4,9 @@
 launcher's start-up time, and run_code pays it on every call).
 
 SECCOMP: "require" (no filter: nothing runs), "try" (the caller accepts running without one) or
-"off"; CGROUP: the cgroup.procs file of the sandbox's memory cgroup, which L joins first so that
-every process below counts against its one limit, or "-".
+"off"; CGROUP: the cgroup.procs files of the sandbox's cgroups (memory, and cpu where it is a
+hierarchy of its own), one a line, which L joins first so that every process below counts against
+their one limit, or "-".
 
 Process tree: run_code -> L (this script, host namespaces) -> C (new user, mount, network, IPC,
 UTS and cgroup namespaces; it supervises the timeout) -> I (PID 1 of a new PID namespace; it
@@ -104,7 +105,7 @@ def guarded(stage, fn, *args):
 
 def launcher():
     if cgroup != "-":
-        guarded("memory cgroup", join_cgroup)
+        guarded("cgroup", join_cgroup)
     if os.uname().machine not in SYS_PIVOT_ROOT:
         raise OSError(f"no pivot_root syscall number known for {os.uname().machine}")
     l_read, c_write = os.pipe()
@@ -122,8 +123,9 @@ def launcher():
 
 
 def join_cgroup():
-    with open(cgroup, "w") as f:
-        f.write(str(os.getpid()))
+    for procs in cgroup.split("\n"):
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
 
 
 def write_maps(pid):

@@ -33,6 +33,7 @@ from .generators import gen_arith
 from .humaneval import check_humaneval
 from .loaders import pick_tasks, read_records
 from .record import Task
+from .sandbox import SandboxUnavailable
 
 RESILIENCE_TASKS = ("humaneval", "ciar", "commonmt", "faireval")
 BUILTIN_TASKS = ("gen-code", "gen-arith")  # tiny problem sets for end-to-end tests, no files
@@ -237,8 +238,14 @@ def score_output(task, output_text, timeout_s=10.0, memory_mb=1024, allow_missin
     translations), "detail"}. JSON-serialisable, so it can go straight into results.jsonl."""
     kind = task.kind
     if kind == "code" and "test" in task.metadata:
-        res = check_humaneval(task, output_text or "", timeout_s=timeout_s, memory_mb=memory_mb,
-                              allow_missing=allow_missing)
+        try:
+            res = check_humaneval(task, output_text or "", timeout_s=timeout_s, memory_mb=memory_mb,
+                                  allow_missing=allow_missing)
+        except SandboxUnavailable:
+            raise  # this machine cannot run code: no verdict on any completion
+        except Exception as e:  # noqa: BLE001 - whatever a completion makes go wrong is its failure, and counted
+            return {"kind": kind, "score": 0.0, "correct": False,
+                    "detail": {"status": "error", "seconds": 0.0, "stderr": f"{type(e).__name__}: {str(e)[:1000]}"}}
         return {"kind": kind, "score": float(res.passed), "correct": res.passed,
                 "detail": {"status": res.status, "seconds": round(res.seconds, 3), "stderr": res.stderr[-1000:]}}
     if kind == "translation":

@@ -22,8 +22,11 @@ without capabilities, with a fresh session keyring. A seccomp filter (jail.py, S
 before the exec denies what the namespaces do not confine: the kernel keyring, sockets other than
 AF_UNIX (vsock, netlink, ...), io_uring, userfaultfd, bpf, perf_event_open, ptrace, mounts and new
 namespaces, inotify/fanotify, file locks. A memory cgroup of its own (cgroup.py) bounds everything
-it holds, all processes, tmpfs files and memfds together, to memory_mb. At the timeout, and when
-it ends, every process it started dies with its PID namespace, setsid() or not.
+it holds, all processes, tmpfs files and memfds together, to memory_mb; where the kernel lets
+this user use the cpu controller, the same cgroup gives them all together at most CPUS CPUs (a
+program that forks spinning children slows only itself; elsewhere each process has its CPU-seconds
+limit only). At the timeout, and when it ends, every process it started dies with its PID
+namespace, setsid() or not.
 Where a protection cannot be set up, run_code raises SandboxUnavailable naming it, and never falls
 back on its own: namespaces (user namespaces disabled, not Linux: isolation="process" is the
 caller's explicit choice), "seccomp" (no filter for this architecture or kernel) and
@@ -65,6 +68,7 @@ ISOLATIONS = ("namespace", "process")
 PROTECTIONS = ("seccomp", "memory_cgroup")  # what a caller may let a namespace sandbox run without
 SECCOMP_FILTER = True  # tests turn it off to probe the layer beneath it
 NOBODY = 65534  # the outside uid and gid of a program a root caller runs in namespaces
+CPUS = 1.0  # CPUs all the processes of one namespace sandbox share, where the cpu controller is ours to use
 SETUP_S = 10.0  # a jail that has not ended this long after the timeout is killed from outside
 _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jail.py")
 
@@ -149,6 +153,7 @@ class SandboxJob:
         if isolation == "namespace" and sys.platform != "linux":
             raise SandboxUnavailable(_unavailable(f"namespaces are Linux only, this is {sys.platform}"))
         self.timeout_s, self.isolation, self.missing, self.cgroup = timeout_s, isolation, [], None
+        self.cpu_bound = False
         self.top = tempfile.mkdtemp(prefix="byz-sandbox-")
         self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         try:
@@ -161,7 +166,9 @@ class SandboxJob:
 
     def _memory_cgroup(self, memory_mb, allow_missing):
         try:
-            return MemoryCgroup.create(memory_mb * 2**20)
+            group = MemoryCgroup.create(memory_mb * 2**20)
+            self.cpu_bound = group.bound_cpu(CPUS)
+            return group
         except CgroupUnavailable as e:
             if "memory_cgroup" not in allow_missing:
                 raise SandboxUnavailable(
@@ -200,7 +207,7 @@ class SandboxJob:
         self.report, report_w = os.pipe()
         prefixes = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
         seccomp = "try" if "seccomp" in allow_missing else ("require" if SECCOMP_FILTER else "off")
-        cgroup = self.cgroup.procs if self.cgroup else "-"
+        cgroup = "\n".join(self.cgroup.procs_files) if self.cgroup else "-"
         args = [report_w, *limits, *ids, self.timeout_s, seccomp, cgroup, os.path.join(self.top, "root"), workdir,
                 *prefixes]
         try:
