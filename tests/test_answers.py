@@ -177,7 +177,8 @@ def _perturb(g, task):
     good = [f" {g} ", f"${g}$", Out(rf"So the answer is $\boxed{{{g}}}$."), Out(f"The answer is {g}.")]
     num = re.fullmatch(r"-?\d+(?:\.\d+)?", g)
     n = float(g) if num else None
-    wrong = [g + "k", g + "i", g + "x", g + " x"] if n != 0 else []  # 0k is 0
+    # a letter after a last term of 0 leaves it 0 ("0k" is 0, "= 0x" the same equation)
+    wrong = [g + "k", g + "i", g + "x", g + " x"] if n != 0 and not re.search(r"(?<![\d.])0$", g) else []
     if num:
         good += [f"{g}.0" if "." not in g else g + "0", f"{g} cm", f"{g} dollars", f"{g} km/h", f"{g}\\text{{ m}}"]
         if "." not in g and abs(int(g)) >= 1000:
@@ -204,7 +205,7 @@ def _perturb(g, task):
     ("Final choice: B", "B"),
     ("Checking (A), (B) and (C) in turn, the answer must be C", "C"),
     ("B is correct only if the train stops. It does not, so the answer is (A).", "A"),
-    ("(A) and (D) are both plausible.", "D"),  # no conclusion: as before, the last letter in parentheses
+    ("(A) and (D) are both plausible.", None),  # no conclusion: letters of the working are not guessed at
 ])
 def test_choice_conclusion_wins(text, expected):
     assert extract_answer(text, "choice", ["4km", "5km", "6km", "7km"]) == expected

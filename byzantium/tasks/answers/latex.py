@@ -1,131 +1,65 @@
-"""LaTeX answers as sympy expressions, safely: a small converter to sympy-parsable text (sympy's own
-LaTeX parser needs an exact antlr4 runtime version), only whitelisted names reach `parse_expr`, and
-parsing runs under the sympy time limit."""
+"""LaTeX and plain maths answers as sympy expressions, by latex2sympy2_extended (the parser of
+Hugging Face's math-verify), behind a guard: an answer from an adversarial agent can ask for a
+computation no time limit can interrupt (a power tower or a huge factorial is one C call that holds
+the interpreter), so such answers are never parsed; they still match their own spelling."""
 
 import functools
 import re
-import string
 
 from .time_limit import SYMPY_SECONDS, timed
 
+# Names that are maths, not words: "3 sin x" and "2 pi" are not "3" and "2" with a unit word.
+MATH_NAMES = set("sqrt log ln exp sin cos tan cot sec csc arcsin arccos arctan asin acos atan pi infty oo cdot times "
+                 "div frac alpha beta gamma delta epsilon theta lambda mu phi omega sigma tau".split())
 
-_FUNCS = {"sqrt", "log", "sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "exp", "pi", "oo"}
-_GREEK = {"alpha", "beta", "gamma", "delta", "theta", "lambda", "mu", "phi", "omega", "sigma", "tau"}
-MATH_NAMES = _FUNCS | _GREEK
-LATEX_COMMANDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "ln": "log", "log": "log",
-                  "arcsin": "asin", "arccos": "acos", "arctan": "atan",
-                  **{f: f for f in ("sin", "cos", "tan", "cot", "sec", "csc", "exp")}, **{g: g for g in _GREEK}}
+MAX_CHARS = 300
+MAX_EXPONENT = 1000
+MAX_SYMBOLIC_EXPONENT = 100
 
 
 @functools.lru_cache(maxsize=4096)
 def parse_math(s):
-    """Sympy expression for a normalised answer, or None (unknown LaTeX, unsafe or too big)."""
-    try:
-        text = _tex_to_text(s)
-    except ValueError:
+    """Sympy expression (or Matrix) for a normalised answer, or None: not maths (a word such as
+    "Evelyn"), unparsable, too costly to evaluate safely, or over the time limit."""
+    if not s or len(s) > MAX_CHARS or _too_costly(s) or _is_words(s):
         return None
-    if not re.fullmatch(r"[0-9a-zA-Z+\-*/().\s]*", text) or not text.strip() or len(text) > 300:
-        return None
-    # Two-letter names are products ("xy" -> "x*y"); longer unknown words are not math.
-    words = re.findall(r"[A-Za-z]+", text)
-    if any(len(w) > 2 and w not in MATH_NAMES for w in words):
-        return None
-    text = re.sub(r"[A-Za-z]+", lambda m: m.group(0) if m.group(0) in MATH_NAMES else "*".join(m.group(0)), text)
-    if (re.search(r"\d{40}", text) or re.search(r"\*\*[^+\-*/]*\*\*", text)  # no towers of powers
-            or any(_too_big(e) for e in re.findall(r"\*\*\s*\(?([\d.]+)", text))):
-        return None
-    _import_sympy()
-    return timed(lambda: _parse_expr(text), SYMPY_SECONDS)
+    return timed(lambda: _parse(s), SYMPY_SECONDS)
 
 
-def _import_sympy():
-    """Import sympy outside any time limit: an import interrupted by the alarm leaves sympy
-    half-initialised for the rest of the process."""
-    import sympy  # noqa: F401
-    import sympy.parsing.sympy_parser  # noqa: F401
-
-
-def _too_big(exponent):
-    try:
-        return float(exponent) > 1000
-    except ValueError:
-        return True
-
-
-def _parse_expr(text):
+def _parse(s):
     import sympy
-    from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application,
-                                            parse_expr, rationalize, standard_transformations)
-    names = {c: sympy.Symbol(c) for c in string.ascii_letters}
-    names.update({g: sympy.Symbol(g) for g in _GREEK})
-    names.update({f: getattr(sympy, f) for f in _FUNCS})
-    tr = standard_transformations + (implicit_multiplication_application, convert_xor, rationalize)
+    from latex2sympy2_extended import NormalizationConfig, latex2sympy
+    from latex2sympy2_extended.latex2sympy2 import ConversionConfig
+    from math_verify.grader import should_treat_as_complex
+    # Units stay ours (units.py's whitelist; the library's list drops "k" and "million"), and case
+    # counts ("x" is not "X"; word answers are told apart by _is_words before this).
+    normalization = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True,
+                                        boxed="all", equations=False)
     try:
-        return parse_expr(text, local_dict=names, global_dict={"__builtins__": {}, **_sympy_atoms()},
-                          transformations=tr)
+        expr = latex2sympy(s, is_real=not should_treat_as_complex(s), normalization_config=normalization,
+                           conversion_config=ConversionConfig(lowercase_symbols=False))
     except Exception:  # anything unparsable is simply not an expression
         return None
+    return expr if isinstance(expr, (sympy.Basic, sympy.MatrixBase)) else None
 
 
-def _sympy_atoms():
-    import sympy
-    return {"Integer": sympy.Integer, "Float": sympy.Float, "Rational": sympy.Rational,
-            "Symbol": sympy.Symbol, "Function": sympy.Function}
+def _too_costly(s):
+    """Towers of powers, exponents over MAX_EXPONENT, factorials of more than a small literal and
+    40-digit numbers: values sympy would compute exactly, for minutes, in one uninterruptible call."""
+    if (re.search(r"\d{40}", s) or "**" in s or re.search(r"\^\s*\d+\s*\^", s)
+            or re.search(r"\^\s*\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\^", s)):  # a tower: an exponent with a power in it
+        return True
+    # Symbolic powers expand slowly ((x+1)^{2000}: seconds of simplify), numeric ones do not.
+    limit = MAX_SYMBOLIC_EXPONENT if re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", s)) else MAX_EXPONENT
+    for m in re.finditer(r"\^\s*(?:\{([^{}]*)\}|(\d+|\S))", s):
+        exponent = (m.group(1) or m.group(2)).strip()
+        if re.search(r"\d{5}", exponent) or (re.fullmatch(r"-?\d+(?:\.\d+)?", exponent) and abs(float(exponent)) > limit):
+            return True
+    return any(not re.search(r"(?<![\d.])\d{1,3}$", s[:m.start()]) for m in re.finditer(r"!", s)) or "!!" in s
 
 
-def _tex_to_text(s):
-    out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        if s.startswith("\\frac", i):
-            a, i = _arg(s, i + 5)
-            b, i = _arg(s, i)
-            out.append(f"(({_tex_to_text(a)})/({_tex_to_text(b)}))")
-        elif s.startswith("\\sqrt", i):
-            i += 5
-            if i < len(s) and s[i] == "[":
-                j = s.index("]", i)
-                root = _tex_to_text(s[i + 1:j])
-                a, i = _arg(s, j + 1)
-                out.append(f"(({_tex_to_text(a)})**(1/({root})))")
-            else:
-                a, i = _arg(s, i)
-                out.append(f"sqrt({_tex_to_text(a)})")
-        elif c == "\\":
-            m = re.match(r"\\([a-zA-Z]+)", s[i:])
-            if not m or m.group(1) not in LATEX_COMMANDS:
-                raise ValueError(f"unsupported LaTeX at {s[i:i + 12]!r}")
-            out.append(f" {LATEX_COMMANDS[m.group(1)]} ")
-            i += m.end()
-        elif c == "^":
-            a, i = _arg(s, i + 1)
-            out.append(f"**({_tex_to_text(a)})")
-        elif c == "{":
-            a, i = _arg(s, i)
-            out.append(f"({_tex_to_text(a)})")
-        elif c == "}":
-            raise ValueError("unbalanced braces")
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def _arg(s, i):
-    """One macro argument starting at s[i]: a {group}, a \\command, or one character."""
-    while i < len(s) and s[i] == " ":
-        i += 1
-    if i >= len(s):
-        raise ValueError("missing argument")
-    if s[i] == "{":
-        depth = 0
-        for k in range(i, len(s)):
-            depth += {"{": 1, "}": -1}.get(s[k], 0)
-            if depth == 0:
-                return s[i + 1:k], k + 1
-        raise ValueError("unbalanced braces")
-    if s[i] == "\\":
-        m = re.match(r"\\[a-zA-Z]+", s[i:])
-        if m:
-            return m.group(0), i + m.end()
-    return s[i], i + 1
+def _is_words(s):
+    """A word answer ("Evelyn", "odd and even"), not a product of one-letter symbols: any word of
+    three letters or more that is no maths name, once LaTeX commands and environments are gone."""
+    bare = re.sub(r"\\(?:begin|end)\{\w+\}|\\[A-Za-z]+", " ", s)
+    return any(len(w) > 2 and w not in MATH_NAMES for w in re.findall(r"[A-Za-z]+", bare))

@@ -1,12 +1,14 @@
 """Canonical forms of numeric and MATH answers, equal for equivalent answers ("1/2", "\\frac{1}{2}",
-"0.5" -> "0.5"): MATH-style string normalisation, exact fractions, sympy's form for expressions."""
+"0.5" -> "0.5"): MATH-style string normalisation, exact fractions, and for expressions sympy's form of
+math-verify's parse (latex.py). math-verify has no canonical string of its own (it only compares two
+answers), and votes are grouped by one."""
 
 import re
 from fractions import Fraction
 
 from .latex import parse_math
 from .reading import NUMBER
-from .structure import MATRIX, matrix_rows, solutions, split_tuple
+from .structure import BASE, solutions, split_tuple
 from .time_limit import SYMPY_SECONDS, timed
 from .units import SCALES, UNIT, UNIT_SYMBOL, strip_unit, strip_word_unit
 
@@ -65,7 +67,7 @@ def canon_number(x: Fraction):
 def to_fraction(s):
     """Exact value of a plain number: '1,000', '$5.00', '-3/4', '12 dollars', '50%' -> Fraction."""
     s = str(s).strip().replace("$", "").replace("\\$", "").replace("\\%", "").replace("%", "")
-    s = re.sub(r"\\(?:d|t)?frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
+    s = re.sub(r"(?<![\d.])\\(?:d|t)?frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)  # not a mixed number "1\frac{4}{5}"
     s = strip_unit(s.strip().rstrip(".")).rstrip(".")
     if not re.fullmatch(rf"(?:{NUMBER})(?:/\d+)?", s):
         return None
@@ -83,15 +85,14 @@ def canon_math(s, simplify=True):
     x = to_fraction(s)
     if x is not None:
         return canon_number(x)
-    rows = matrix_rows(s)
-    if rows is not None:
-        return MATRIX.format("\\\\".join("&".join(canon_math(x, simplify) for x in r) for r in rows))
     parts = split_tuple(s)
     if parts:
         left, items, right = parts
         return left + ",".join(canon_math(p, simplify) for p in items) + right
     if re.fullmatch(r"\([A-Ja-j]\)", s):  # an option label: "(c)" is MATH's "\text{(C)}"
         return s[1].upper()
+    if BASE.search(s):  # another base: its own spelling (the parse would drop the base)
+        return s
     expr = parse_math(s)
     if expr is None:  # not maths: a word ("Evelyn") or other text, where case does not count
         return s.lower() if re.fullmatch(r"[A-Za-z][A-Za-z'-]*", s) else s
@@ -100,6 +101,11 @@ def canon_math(s, simplify=True):
 
 def _canon_expr(expr, simplify=True):
     import sympy
+    if isinstance(expr, sympy.MatrixBase):  # its entries' forms, in its shape
+        rows = [[_canon_expr(x, simplify) for x in expr.row(i)] for i in range(expr.rows)]
+        return "\\begin{pmatrix}" + "\\\\".join("&".join(r) for r in rows) + "\\end{pmatrix}"
+    if not isinstance(expr, sympy.Expr):  # an equation, a set, an interval: sympy's own form
+        return str(expr)
     if not expr.free_symbols:
         if expr.is_Rational:
             return canon_number(Fraction(int(expr.p), int(expr.q)))

@@ -1,5 +1,5 @@
-"""Answers made of parts: sets and bare lists of solutions (unordered), "\\pm" pairs, tuples and
-intervals (ordered), matrices."""
+"""Answers made of parts: sets and bare lists of solutions (unordered multisets), "\\pm" pairs, tuples,
+points and intervals (ordered). Matrices are math-verify's (math_equal.py)."""
 
 import re
 
@@ -31,13 +31,8 @@ def _pm(s):
     return [f"{a}+{b}", f"{a}-{b}"]
 
 
-MATRIX = "\\begin{{pmatrix}}{}\\end{{pmatrix}}"
-
-
-def matrix_rows(s):
-    """Rows of entries of a pmatrix (bmatrix is made one by strip_math), or None."""
-    m = re.fullmatch(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", s)
-    return [r.split("&") for r in m.group(1).split("\\\\")] if m else None
+# A number in another base: "204_5" ("204_{5}" once normalised)
+BASE = re.compile(r"\d_\w")
 
 
 def split_tuple(s):

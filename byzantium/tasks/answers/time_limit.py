@@ -1,5 +1,6 @@
-"""The time limit every sympy call runs under, so that a pathological answer from an adversarial
-agent cannot hang a run."""
+"""The time limit every sympy and math-verify call runs under, so that a pathological answer from an
+adversarial agent cannot hang a run. math-verify's own timeouts use signal.alarm, which works only on
+the main thread (readers also run on worker threads): it is called with its timeouts off, inside this."""
 
 import signal
 import threading
@@ -7,8 +8,8 @@ import threading
 SYMPY_SECONDS = 2.0
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Not an Exception: sympy and math-verify catch Exception around their steps, and would go on."""
 
 
 def timed(fn, seconds):

@@ -2,7 +2,7 @@
 
 import re
 
-from .latex import LATEX_COMMANDS, MATH_NAMES
+from .latex import MATH_NAMES
 from .reading import NUMBER
 
 
@@ -42,6 +42,6 @@ def strip_word_unit(s):
     if not m:
         return s
     words = {w.lower() for w in (m.group(2) or m.group(3)).split()}
-    if words & (_NOT_UNIT_WORDS | MATH_NAMES | set(LATEX_COMMANDS)) or any(re.match(SCALES, w) for w in words):
+    if words & (_NOT_UNIT_WORDS | MATH_NAMES) or any(re.match(SCALES, w) for w in words):
         return s
     return m.group(1)
