@@ -139,6 +139,50 @@ def test_a_killed_rank_fails_the_engine_quickly(checkpoints, tmp_path_factory):
         engine.close()
 
 
+def test_a_dead_rank_between_steps_aborts_the_group_as_on_nccl(checkpoints, tmp_path_factory):
+    """The NCCL path of the watchdog, on gloo: a rank that dies between steps sets the failure and aborts
+    the group (on NCCL, what frees rank 0 from a collective that would wait for the dead rank). Left to a
+    GPU: that NCCL's abort from the watchdog thread really ends a rank-0 collective blocked in .tolist()."""
+    path = checkpoint(checkpoints, tmp_path_factory, "llama")
+    engine = Engine(path, tensor_parallel_size=2, **COMMON)
+    try:
+        aborted = threading.Event()
+        peers, real_backend = engine.peers, engine.peers.group.backend
+        peers.nccl = True
+        peers.group.backend = type("AbortRecorder", (), {"abort": lambda self: aborted.set(),
+                                                         "__getattr__": lambda self, n: getattr(real_backend, n)})()
+        peers.workers[1].kill()
+        assert aborted.wait(timeout=15), "the watchdog did not abort the group"
+        assert "rank 1" in peers.failure and "signal 9" in peers.failure
+        with pytest.raises(EngineFailed, match="rank 1"):
+            engine.generate(PROMPTS[:1], SamplingParams(max_tokens=2))
+    finally:
+        engine.close()
+
+
+def test_an_engine_left_open_at_exit_ends_quietly(checkpoints, tmp_path_factory, tmp_path):
+    """A script that never closes its TP=2 engine: its ranks are told to exit at interpreter exit, so it
+    exits 0 and says nothing of killed ranks or aborts."""
+    import os
+    import subprocess
+    import sys
+    path = checkpoint(checkpoints, tmp_path_factory, "llama")
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "import sys\n"
+        "from byzantium import Engine, SamplingParams\n"
+        "if __name__ == '__main__':\n"
+        f"    engine = Engine(sys.argv[1], tensor_parallel_size=2, **{COMMON!r})\n"
+        "    print('tokens', engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4))[0].token_ids)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "tokens" in run.stdout
+    for alarming in ("terminate called", "killed", "ended", "Traceback", "abort"):
+        assert alarming not in run.stderr, run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_fp8_quantized_at_load_two_ranks_equal_one(kind, checkpoints, tmp_path_factory):
     """Each rank quantizes its slice of a row-parallel weight with the whole rows' scales: the FP8 model

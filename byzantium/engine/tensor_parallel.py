@@ -11,6 +11,7 @@ A rank that dies (killed, out of memory, an error in its step) ends the engine: 
 next collective on rank 0 raises, and the error names the rank and how it ended. A watchdog also notices
 a dead worker between steps, and on CUDA aborts the NCCL group so that rank 0 is not left waiting.
 """
+import atexit
 import logging
 import os
 import pickle
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait
 
@@ -35,6 +37,16 @@ from .runner import ModelRunner
 logger = logging.getLogger("byzantium")
 
 TIMEOUT = timedelta(minutes=10)  # a collective that waits longer fails (a rank stuck, not dead)
+_OPEN = weakref.WeakSet()  # Peers not closed yet: closed at interpreter exit
+
+
+@atexit.register
+def _close_at_exit():
+    """An engine left open at exit: stop its ranks with "exit" before multiprocessing's own exit handler
+    (registered earlier, so run later) terminates them, which the watchdog would report as a killed rank
+    while the interpreter tears down the process group under it."""
+    for peers in list(_OPEN):
+        peers.close()
 
 
 def rank_device(device, rank):
@@ -102,6 +114,7 @@ class Peers:
                                       name=f"byzantium-tp-rank{rank}", daemon=True)
             process.start()
             self.workers[rank] = process
+        _OPEN.add(self)
         self.group, self.nccl = group, device.type == "cuda"
         self.plans = self._join_watching(lambda: _connect(self.store, 0, size, rank_device(device, 0), group))
         threading.Thread(target=self._watch, name="byzantium-tp-watchdog", daemon=True).start()
@@ -188,6 +201,7 @@ class Peers:
         if self.closing:
             return
         self.closing = True
+        _OPEN.discard(self)
         if self.failure is None:
             try:
                 _send(self.plans, ("exit", None))
