@@ -24,6 +24,7 @@ def _same(a, b):
     (r"\begin{bmatrix} -\frac13 \\ 2/3 \end{bmatrix}", r"\begin{pmatrix} -1/3 \\ 2/3 \end{pmatrix}"),
     (r"\left[ \frac{\pi^2}{8}, \frac{5 \pi^2}{4} \right]", r"[\pi^2/8, 5\pi^2/4]"),
     (r"1\frac{4}{5}", "9/5"),  # a mixed number (it was read as 14/5)
+    (r"11,\! 111,\! 111,\! 100", "11111111100"),  # a MATH-500 gold: thousands separators, one with a space
 ])
 def test_equivalent_forms(a, b):
     assert _same(a, b)

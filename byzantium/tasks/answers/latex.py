@@ -23,7 +23,15 @@ def parse_math(s):
     "Evelyn"), unparsable, too costly to evaluate safely, or over the time limit."""
     if not s or len(s) > MAX_CHARS or _too_costly(s) or _is_words(s):
         return None
+    import_libraries()
     return timed(lambda: _parse(s), SYMPY_SECONDS)
+
+
+def import_libraries():
+    """Import the parser and verifier outside any time limit: the first import takes most of a second,
+    and one interrupted by the alarm leaves a module half-initialised for the rest of the process."""
+    import latex2sympy2_extended  # noqa: F401
+    import math_verify  # noqa: F401
 
 
 def _parse(s):

@@ -17,6 +17,7 @@ def strip_math(s):
     """MATH-style string normalisation (after Hendrycks et al.'s `strip_string`, extended)."""
     s = str(s).strip()
     s = re.sub(r"\\text\{\s*\}", "", s)
+    s = re.sub(r",\\!\s*", ",", s)  # a thousands separator "11,\! 111" (MATH writes it with a space too)
     s = s.replace("\n", "").replace("\\!", "").replace("\\displaystyle", "")
     s = re.sub(r"\\[,;: ]|~", " ", s.replace("\\\\", "\0r")).replace("\0r", "\\\\")  # "\\\\" is a row break
     s = s.replace("\\$", "").replace("$", "")
