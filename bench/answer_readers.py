@@ -9,7 +9,19 @@ gold) or wrong (it states another answer). Prints, per data set and per reply st
 replies each version parses, how many right ones it judges correct, how many wrong ones it accepts,
 and how many readings changed (the extracted answer or the verdict).
 
+Then the reference texts each record holds, read as a reply (`read_answer(text, kind, choices)`, or
+`extract_answer` where a version has no read_answer: None is unread) and checked with `is_correct`
+against the gold: GSM8K solutions ("#### N"), MATH-500 solutions (their last \\boxed{}), AQuA
+rationales and "Answer: <option value>", BBH targets, ARC/OpenBookQA option texts, BoolQ and RTE
+labels, FairEval verdicts, CIAR explanations; counted per file and kind as read right / read wrong /
+unread / ambiguous, with the ids read wrong. And gold equivalence: each MATH/GSM8K/CIAR gold against
+rewritings of itself (\\frac{a}{b} as a/b, \\dfrac, spaces, $...$, \\text{}, a trailing unit,
+decimals as fractions and back), which `is_correct` must accept and `normalize_answer` group.
+
     python bench/answer_readers.py DATA_DIR [--old 0734688] [--limit N]
+
+`--old` names a revision whose readers are compared: byzantium/tasks/answers.py before issue 30,
+the byzantium/tasks/answers/ package after it.
 """
 import argparse
 import importlib.util
@@ -18,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,15 +48,31 @@ class Answer(str):
 
 
 def old_module(commit):
-    """answers.py as it was at `commit`, imported from a temp file (it imports only the stdlib)."""
-    src = subprocess.run(["git", "show", f"{commit}:byzantium/tasks/answers.py"], cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"answers_{commit}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    """The answer readers as they were at `commit`, imported under another name: answers.py (it
+    imports only the stdlib) or, from issue 30 on, the answers/ package (relative imports only)."""
+    tmp = Path(tempfile.mkdtemp())
+    listing = subprocess.run(["git", "ls-tree", "--name-only", commit, "byzantium/tasks/"], cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout.split()
+    name = f"answers_{commit}"
+    if "byzantium/tasks/answers.py" in listing:
+        path = tmp / f"{name}.py"
+        path.write_text(_git_show(commit, "byzantium/tasks/answers.py"))
+        spec = importlib.util.spec_from_file_location(name, path)
+    else:
+        archive = subprocess.run(["git", "archive", commit, "byzantium/tasks/answers"], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        package = tmp / "byzantium" / "tasks" / "answers"
+        spec = importlib.util.spec_from_file_location(name, package / "__init__.py",
+                                                      submodule_search_locations=[str(package)])
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _git_show(commit, path):
+    return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, check=True, capture_output=True, text=True).stdout
 
 
 def load(path):
@@ -243,6 +272,126 @@ def table(title, rows, records=None):
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------ reference texts and golds
+
+def read(mod, text, kind, choices):
+    """(value, status) of a reply under one version: read_answer where it has one, else extract_answer
+    (None is "unread")."""
+    if hasattr(mod, "read_answer"):
+        r = mod.read_answer(text, kind, choices)
+        return r.value, r.status
+    value = mod.extract_answer(text, kind, choices)
+    return value, "read" if value is not None else "unread"
+
+
+def references(task, rec):
+    """[(source, text)]: the texts a record holds that state its gold, as a reply would."""
+    out = [(field, rec[field]) for field in ("solution", "rationale", "explanation") if isinstance(rec.get(field), str)]
+    if isinstance(rec.get("answer"), str) and "####" in rec["answer"]:
+        out.append(("answer", rec["answer"]))
+    if task.kind == "choice":
+        out.append(("target", rec["target"] if isinstance(rec.get("target"), str) else f"({task.gold})"))
+        option = task.choices[task.letters.index(task.gold)]
+        out.append(("option text", f"Answer: {option}"))
+        out += [("option value", f"Answer: {v}") for v in _value_spellings(option)]
+    elif task.kind == "bool":
+        out.append(("label", str(rec.get("answer") or rec.get("label"))))
+    elif task.kind == "verdict":
+        out.append(("label", {"win": "Assistant 1", "lose": "Assistant 2", "tie": "tie"}[task.gold]))
+    return out
+
+
+STATUSES = ("read right", "read wrong", "unread", "ambiguous")
+
+
+def reference_counts(rows, wrong_ids, name, mods, task, rec):
+    """Add one record's reference texts to rows[(file, kind, source)]: each version's status counts."""
+    if task.kind in ("code", "translation"):
+        return
+    gold = task.metadata.get("accepted") or task.gold
+    for source, text in references(task, rec):
+        c = rows.setdefault((name, task.kind, source), Counter())
+        c["texts"] += 1
+        for when, mod in zip(("before", "after"), mods):
+            value, status = read(mod, text, task.kind, task.choices)
+            if status == "read":
+                status = "read right" if mod.is_correct(value, gold, task.kind) else "read wrong"
+            c[f"{status} {when}"] += 1
+            if when == "after" and status != "read right":
+                wrong_ids.setdefault((name, task.kind, source, status), []).append(task.id)
+
+
+def rewritings(g):
+    """The same gold written another way: (how, text)."""
+    # spaces around operators, or none (but after a command: "\\cot x" is not "\\cotx")
+    # (not a comma, which may separate thousands; not between words: "6 or 12")
+    out = [("$...$", f"${g}$"), ("spaces", re.sub(r"\s*([+=]|(?<=\w)-)\s*", r" \1 ", g).strip())]
+    if not re.search(r"(?<!\\)\b[A-Za-z]{2,}", g):
+        out.append(("no spaces", re.sub(r"(\\[A-Za-z]+) +| +", lambda m: m.group(1) + " " if m.group(1) else "", g)))
+    if r"\frac" in g:
+        out.append(("dfrac", g.replace(r"\frac", r"\dfrac")))
+    if r"\frac" in g and not re.search(r"[\d.]\s*\\frac", g):  # a mixed number "1\frac{4}{5}" is no "14/5"
+        out.append(("a/b", re.sub(r"\\frac\{([^{}]+)\}\{([^{}]+)\}", lambda m: "/".join(map(_atom, m.groups())), g)))
+    if re.fullmatch(r"[-\w.]+", g) and not re.fullmatch(r"-?\d+(\.\d+)?", g):
+        out.append((r"\text{}", rf"\text{{{g}}}"))
+    num = re.fullmatch(r"-?\d+(?:\.\d+)?", g)
+    if num:
+        out += [("unit", f"{g} cm"), (r"\text{ unit}", rf"{g}\text{{ units}}")]
+        if "." in g:
+            f = Fraction(g)
+            out.append(("fraction", rf"\frac{{{f.numerator}}}{{{f.denominator}}}"))
+    m = re.fullmatch(r"(-?)\\frac\{(\d+)\}\{(\d+)\}", g)
+    if m and _terminates(Fraction(int(m.group(2)), int(m.group(3)))):
+        out.append(("decimal", m.group(1) + str(float(Fraction(int(m.group(2)), int(m.group(3)))))))
+    return [(how, text) for how, text in out if text != g]
+
+
+def _atom(s):
+    return s if re.fullmatch(r"-?\w+", s) else f"({s})"
+
+
+def _terminates(f):
+    d = f.denominator
+    while d % 2 == 0:
+        d //= 2
+    while d % 5 == 0:
+        d //= 5
+    return d == 1
+
+
+def gold_counts(rows, failed, name, mods, task):
+    """Each gold against its rewritings: accepted by is_correct and grouped by normalize_answer."""
+    if task.kind not in ("number", "math"):
+        return
+    for g in (task.metadata.get("accepted") or [task.gold]):
+        for how, text in rewritings(str(g)):
+            c = rows.setdefault((name, task.kind, how), Counter())
+            c["pairs"] += 1
+            for when, mod in zip(("before", "after"), mods):
+                ok = mod.is_correct(text, g, task.kind)
+                grouped = mod.normalize_answer(text, task.kind) == mod.normalize_answer(g, task.kind)
+                c[f"accepted {when}"] += ok
+                c[f"grouped {when}"] += grouped
+                if when == "after" and not (ok and grouped):
+                    failed.setdefault((name, task.kind, how), []).append(f"{task.id}: {text!r} vs {g!r}")
+
+
+def counts_table(title, rows, columns):
+    lines = ["| " + " | ".join([title, *columns]) + " |", "|" + "---|" * (len(columns) + 1)]
+    for key, c in sorted(rows.items()):
+        lines.append("| " + " | ".join([" / ".join(key), *(str(c[col]) for col in columns)]) + " |")
+    return "\n".join(lines)
+
+
+def listing(title, items, limit=12):
+    """The ids (or pairs) that went wrong, a line each, the first `limit` of each group."""
+    out = [title]
+    for key, ids in sorted(items.items()):
+        shown = ", ".join(ids[:limit]) + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+        out.append(f"- {' / '.join(key)}: {shown}")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data", type=Path, help="directory of data files (.jsonl, .jsonl.gz)")
@@ -251,6 +400,7 @@ def main():
     args = ap.parse_args()
     mods = (old_module(args.old), new_answers)
     by_set, by_style, records = {}, {}, {}
+    refs, ref_wrong, golds, gold_failed = {}, {}, {}, {}
     for path in sorted(args.data.glob("*.jsonl*")):
         loaded = load(path)
         if loaded is None:
@@ -260,6 +410,8 @@ def main():
         recs, tasks = loaded
         records[name] = len(tasks[:args.limit])
         for rec, task in list(zip(recs, tasks))[:args.limit]:
+            reference_counts(refs, ref_wrong, name, mods, task, rec)
+            gold_counts(golds, gold_failed, name, mods, task)
             styles = {}
             count(styles, name, mods, task, rec)
             by_set[name] = by_set.get(name, Counter()) + styles.pop(name)
@@ -268,6 +420,16 @@ def main():
     print(table("data set", by_set, records))
     print()
     print(table("kind / reply style", dict(sorted(by_style.items()))))
+    print()
+    print(counts_table("file / kind / reference", refs,
+                       ["texts"] + [f"{st} {when}" for st in STATUSES for when in ("before", "after")]))
+    print()
+    print(listing("Reference texts not read right (after):", ref_wrong))
+    print()
+    print(counts_table("file / kind / gold rewritten as", golds,
+                       ["pairs", "accepted before", "accepted after", "grouped before", "grouped after"]))
+    print()
+    print(listing("Rewritten golds not accepted or not grouped (after):", gold_failed))
 
 
 if __name__ == "__main__":
