@@ -18,6 +18,7 @@ import asyncio
 
 from ..backends.params import SamplingParams
 from ..tasks import normalize_answer
+from ..tasks.answers import read_confidence
 from . import prompts
 from .byzantine import observe_adversaries, prepare_adversaries, seeded
 
@@ -26,15 +27,9 @@ CONVERGENCE = 0.1
 KEEP = 0.5  # global decision: per answer, its confidences below this are ignored (all kept if none reaches it)
 
 def find_confidence(text):
-    """The last `Confidence: c` (markdown bold and a missing colon tolerated): "%" or a value > 1 is
-    divided by 100; clipped to [0, 1]. None when there is none."""
-    hits = prompts.marked_numbers(text, "confidence")
-    if not hits:
-        return None
-    value, percent = hits[-1]
-    if percent or value > 1:
-        value /= 100
-    return min(1.0, max(0.0, value))
+    """The last reported confidence (tasks.answers.read_confidence: "Confidence: 0.9", "Confidence level:
+    0.8", "I am 90% confident"; "%" or a value > 1 divided by 100; clipped to [0, 1]), None when there is none."""
+    return read_confidence(text).value
 
 
 def parse_confidence(text):

@@ -6,43 +6,8 @@ cannot forge role markers. Self-judgement uses the same layout, so self and neig
 the same prompt. The question comes before any answer, so the judge prompts of one problem share a
 long prefix that the engine's prefix cache computes once.
 """
-import re
-
 # The paper's sampling temperature for every call (solve, judge, refine; SAC and CP-WBFT alike).
 TEMPERATURE = 0.1
-
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)  # an unclosed block is all working, no verdict
-_NUMBER = r"(-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))"
-# A value as judges write it: 0.8, [0.8], 85%, 7/10, 7 out of 10.
-_VALUE = rf"[\[(]?\s*{_NUMBER}\s*(?:(%)|(?:/|out\s+of)\s*{_NUMBER})?"
-# Words that name the verdict line; "rating" is what judges write instead of "score".
-_ALIASES = {"score": "score|rating", "confidence": "confidence"}
-
-
-def _value(number, percent, denominator):
-    """(value, percent): a ratio is divided out here (7/10 -> 0.7); a percent is left to the caller."""
-    if denominator and float(denominator) > 0:
-        return float(number) / float(denominator), False
-    return float(number), bool(percent)
-
-
-def marked_numbers(text, marker):
-    """[(number, has a % sign)] written after `marker` ("score", "confidence") or its alias
-    ("rating"), any case, outside <think> blocks, in order. Tolerates what models write around it:
-    `**Score**: 0.7`, `Score (0-1): 0.75`, `The score is 0.30.`, `Score: [0.8]`, `Score = .7`,
-    `Score: 7/10` (-> 0.7). For scores, a reply that is only a value counts (the judge prompt ends in `Score:`)."""
-    body = _THINK.sub("", text or "")
-    names = _ALIASES.get(marker, marker)
-    pattern = (rf"(?<![A-Za-z])(?:{names})[*_]*\s*(?:\([^)\n]{{0,20}}\))?\s*(?:is\s+)?[:=]?"
-               rf"\s*[*_]*\s*{_VALUE}")
-    hits = [_value(*m) for m in re.findall(pattern, body, re.I)]
-    # Only a judge's reply may be a bare value; a CP-WBFT reply that is only "42" is its answer.
-    if not hits and marker == "score":
-        bare = re.fullmatch(rf"\s*[*_]*\s*{_VALUE}\s*[\])]?\s*[*_]*\.?\s*", body)
-        if bare:
-            hits = [_value(*bare.groups())]
-    return hits
-
 
 ANSWER_FORMAT = {
     "number": "a single number",

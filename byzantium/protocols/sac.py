@@ -25,6 +25,7 @@ import dataclasses
 import math
 
 from ..backends.params import SamplingParams
+from ..tasks.answers import read_score
 from . import prompts
 from .byzantine import observe_adversaries, prepare_adversaries, seeded
 from .plurality import stable_seed
@@ -35,15 +36,12 @@ SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 
 def parse_score(text):
-    """(score, parsed): the number after the LAST `Score:`/`Rating:` marker (or a reply that is only a
-    number), ratios and percentages scaled (7/10 -> 0.7, 85% -> 0.85), clipped to [0, 1]; (0.5, False) when there is none. No fallback to other numbers: a
-    judge cut off mid-working would otherwise be scored by a number from its working (the reference's
-    "12" -> 1.0)."""
-    hits = prompts.marked_numbers(text, "score")
-    if not hits:
-        return 0.5, False
-    value, percent = hits[-1]
-    return min(1.0, max(0.0, value / 100 if percent else value)), True
+    """(score, parsed): the judge's last committed score (tasks.answers.read_score: "Score: 0.8", "a score
+    of 0.8", "I rate it 0.7", 7/10 -> 0.7, 85% -> 0.85, clipped to [0, 1]); (0.5, False) when there is
+    none. No fallback to other numbers: a judge cut off mid-working would otherwise be scored by a number
+    from its working (the reference's "12" -> 1.0)."""
+    reading = read_score(text)
+    return (reading.value, True) if reading.read else (0.5, False)
 
 
 def filter_neighbours(self_score, scores, F):

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from .answers import KINDS, extract_answer, is_correct
+from .answers import AMBIGUOUS, KINDS, READ, Reading, is_correct, read_answer
 from .answers.choice import LETTERS
 from .answers.judgements import VERDICTS
 
@@ -45,8 +45,18 @@ class Task:
         opts = "\n".join(f"({l}) {c}" for l, c in zip(self.letters, self.choices))
         return f"{self.question}\nOptions:\n{opts}"
 
+    def read(self, text) -> Reading:
+        """What this output commits to (read_answer). A gold that is itself a disjunction ("6 or 12":
+        both are answers) is stated by a reply that names exactly those alternatives."""
+        reading = read_answer(text, self.kind, self.choices)
+        if reading.status == AMBIGUOUS and reading.said:
+            golds = self.accepted if isinstance(self.accepted, (list, tuple)) else [self.accepted]
+            if any(" or " in str(g) and is_correct(reading.said, g, "text") for g in golds):
+                return Reading(reading.said, READ)
+        return reading
+
     def extract(self, text):
-        return extract_answer(text, self.kind, self.choices)
+        return self.read(text).value
 
     @property
     def accepted(self):

@@ -31,50 +31,64 @@ latex.py (LaTeX -> sympy) and time_limit.py (the limit on every sympy call).
 import re
 from fractions import Fraction
 
-from .choice import extract_choice
-from .judgements import BOOL_WORDS, VERDICTS, extract_bool, extract_verdict, verdict_in
+from .choice import LETTERS
+from .conclusion import AMBIGUOUS, NOTHING, READ, UNREAD, Reading, clean, read_conclusion, strip_think
+from .judgements import BOOL_WORDS, VERDICTS, verdict_in
+from .kinds import (BoolValues, ChoiceValues, ConfidenceValues, MathValues, NumberValues, ScoreValues, TextValues,
+                    VerdictValues)
 from .math_equal import math_equal
 from .math_form import canon_math, canon_number, strip_math, to_fraction
-from .reading import (answer_line, extract_translation, last_boxed, last_number, normalize_text, number_in,
-                      strip_marks)
+from .reading import extract_translation, normalize_text, strip_marks
+
+__all__ = ["KINDS", "AMBIGUOUS", "READ", "UNREAD", "Reading", "read_answer", "extract_answer", "read_score",
+           "read_confidence", "normalize_answer", "is_correct"]
 
 KINDS = ("number", "math", "choice", "bool", "text", "code", "verdict", "translation")
 
 
-def extract_answer(text, kind, choices=None):
-    """The answer stated in a model's output, as a string, or None when none is found."""
+def read_answer(text, kind, choices=None):
+    """What a model's output commits to, as a Reading: `value` (a string; None unless status is
+    "read") and `status`: "read", "unread" (no commitment found) or "ambiguous" (it commits to two
+    different answers at the end, "(C) or (D)"). Every kind but code and translation goes through the
+    one conclusion reader (conclusion.py); kinds.py says what each kind's values look like."""
     _check_kind(kind)
     if text is None:
-        return None
-    text = re.sub(r"<think>.*?</think>", "", str(text), flags=re.S).strip()
+        return NOTHING
     if kind == "code":
+        text = strip_think(str(text)).strip()
         blocks = re.findall(r"```[\w+-]*\n(.*?)```", text, flags=re.S)
-        return (blocks[-1] if blocks else text).strip() or None
-    if kind == "choice":
-        return extract_choice(text, choices)
-    if kind == "bool":
-        return extract_bool(text)
-    if kind == "verdict":
-        return extract_verdict(text)
+        code = (blocks[-1] if blocks else text).strip()
+        return Reading(code, READ) if code else NOTHING
     if kind == "translation":
-        return extract_translation(text)
-    cand = last_boxed(text)
-    if cand is None:
-        cand = answer_line(text)
-    if kind == "number":
-        if cand is None:
-            m = re.findall(r"####\s*(.+)", text)
-            return number_in(m[-1]) if m else last_number(text)
-        return number_in(cand)
-    if kind == "math":
-        if cand is not None:
-            m = re.search(r"\$+([^$]+)\$+", cand)
-            cand = m.group(1) if m else cand
-        else:
-            dollars = re.findall(r"\$+([^$]+)\$+", text)
-            cand = dollars[-1] if dollars else last_number(text)
-        return strip_marks(cand) if cand is not None else None
-    return strip_marks(cand) if cand is not None else (text or None)  # text
+        line = extract_translation(clean(text))
+        return Reading(line, READ) if line else NOTHING
+    return read_conclusion(text, _values(kind, choices))
+
+
+def extract_answer(text, kind, choices=None):
+    """The answer stated in a model's output, as a string, or None when none is found (or it is
+    ambiguous): read_answer(...).value."""
+    return read_answer(text, kind, choices).value
+
+
+def read_score(text):
+    """A judge's score in [0, 1] (SAC): the last committed score; ratios and percentages scaled
+    (7/10 -> 0.7, 85% -> 0.85), clipped. A reply that is only a value counts (the judge prompt ends
+    in "Score:"). Numbers of the judge's working never count."""
+    return read_conclusion(text, ScoreValues())
+
+
+def read_confidence(text):
+    """A reported confidence in [0, 1] (CP-WBFT): "Confidence: 0.9", "Confidence level: 0.8", "I am
+    90% confident"; a percentage or a value above 1 is divided by 100."""
+    return read_conclusion(text, ConfidenceValues())
+
+
+def _values(kind, choices):
+    if kind == "choice":
+        return ChoiceValues(LETTERS[:len(choices)] if choices else LETTERS, choices)
+    return {"number": NumberValues, "math": MathValues, "bool": BoolValues, "verdict": VerdictValues,
+            "text": TextValues}[kind]()
 
 
 def normalize_answer(answer, kind, simplify=True):

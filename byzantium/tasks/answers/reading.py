@@ -1,5 +1,5 @@
-"""Reading what a reply states: its last \\boxed{}, what follows "The answer is", the number in a
-candidate, a translation's line; and the plain-text pieces the other readers share."""
+"""Plain-text pieces the readers share: the last \\boxed{} (MATH golds), a translation's line, the
+marks around a value, how word answers compare."""
 
 import re
 import string
@@ -29,19 +29,6 @@ def last_boxed(text):
         found, i = text[j + 1:end], end + 1
 
 
-def answer_line(text):
-    """What follows the last 'answer is' / 'Answer:' marker, up to the end of its sentence."""
-    hits = list(re.finditer(r"(?i)\banswer\s*(?:is|:|=)\s*:?", text))
-    if not hits:
-        return None
-    rest = text[hits[-1].end():].split("\n")[0] + " "
-    ends = [m.start() for m in re.finditer(r"\.\s", rest) if not _ABBREVIATION.search(rest[:m.start()])]
-    return strip_marks(rest[:ends[0]] if ends else rest) or None
-
-
-_ABBREVIATION = re.compile(r"\b(?:Mt|Rs|Dr|Mr|Mrs|Ms|St|Jr|Sr|vs|approx|etc|e\.g|i\.e)$")  # "Rs. 750" is one answer
-
-
 def strip_marks(s):
     """`s` without the spaces, bold stars, dollar signs and final period around it."""
     s = s.strip().strip("*").strip()
@@ -51,31 +38,6 @@ def strip_marks(s):
 
 # A plain number: "-3", "1,000", "2.5", ".5".
 NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
-
-
-def number_in(s):
-    """The number a candidate states: right of its last '=', first number there, commas dropped."""
-    if s is None:
-        return None
-    s = s.split("=")[-1]
-    # An expression ("30 \\times 2") is not its first number; unevaluated, it states no number.
-    if re.search(r"\d\s*(?:\\times|\\cdot|[*×+])\s*-?\d", s):
-        return None
-    s = re.sub(r"\\frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
-    m = re.search(rf"({NUMBER})(?:\s*/\s*(\d+))?", s)
-    if not m:
-        return None
-    num = m.group(1).replace(",", "")
-    num = f"{num}/{m.group(2)}" if m.group(2) else num
-    # A letter stuck to it makes another value ("2k", "5i", "2x"), unless it is a unit symbol ("5m").
-    letter = re.match(r"[a-zA-Z](?![a-zA-Z])", s[m.end():])
-    return num + letter.group() if letter and letter.group() not in "mshglMSHGL" else num
-
-
-def last_number(text):
-    """The last plain number in `text`, commas dropped."""
-    nums = re.findall(NUMBER, text)
-    return nums[-1].replace(",", "") if nums else None
 
 
 def extract_translation(text):
