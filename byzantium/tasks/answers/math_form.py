@@ -14,7 +14,9 @@ from .units import SCALES, UNIT, UNIT_SYMBOL, strip_unit, strip_word_unit
 
 
 def strip_math(s):
-    """MATH-style string normalisation (after Hendrycks et al.'s `strip_string`, extended)."""
+    """MATH-style string normalisation (after Hendrycks et al.'s `strip_string`, extended) for what
+    comes before parsing: units off, the parts of lists and tuples visible, one spelling of a number.
+    Malformed operators ("\\frac12", "\\sqrt2") and matrix brackets are math-verify's parser's."""
     s = str(s).strip()
     s = re.sub(r"\\text\{\s*\}", "", s)
     s = re.sub(r",\\!\s*", ",", s)  # a thousands separator "11,\! 111" (MATH writes it with a space too)
@@ -35,7 +37,6 @@ def strip_math(s):
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}", r"\1", s)
     s = _or_list(s)
     s = s.replace("{,}", "")
-    s = s.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
     s = re.sub(r"(\d)_\{(\w+)\}", r"\1_\2", s)  # base subscripts: "101_{2}" is "101_2"
     s = s.strip().rstrip(".").strip()
     m = re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in\b)\s*([^=]+)", s)  # "x = 5" -> "5", "x \in [2,5)" -> "[2,5)"
@@ -44,9 +45,6 @@ def strip_math(s):
     s = strip_unit(s)
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
         s = s.replace(",", "")
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
     s = re.sub(r"(?<![\d\w])\.(\d)", r"0.\1", s)
     s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\0", s)  # keep "\cot x" apart
     return s.replace(" ", "").replace("\0", " ")
