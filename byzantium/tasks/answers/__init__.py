@@ -18,14 +18,15 @@ Units are dropped from a whitelist ("5 cm", "12 dollars", "1.5 m/s", "60 miles p
 plain decimals compare exactly; a tolerance applies only where one side cannot be written as one
 ("0.3333333" vs 1/3). Words ("Evelyn") and option labels ("(c)") compare without case.
 
-LaTeX is turned into sympy-parsable text by a small converter (sympy's own LaTeX parser needs
-an exact antlr4 runtime version); only whitelisted names reach `parse_expr`, and every sympy call
-runs under a time limit so a pathological answer from an adversarial agent cannot hang a run.
+MATH answers are parsed by latex2sympy2_extended and compared by math-verify (Hugging Face's
+verifier); our own rules come first only where it judges otherwise (math_equal.py lists them).
+Answers that would ask for an uninterruptible computation are never parsed, and every parse and
+comparison runs under our time limit (math-verify's signal-based one works on the main thread only).
 
 The pieces, each in its own file: reading.py (\\boxed{}, "The answer is", numbers, translations),
 choice.py (option letters), judgements.py (yes/no, verdicts), units.py (the unit whitelist),
-math_form.py (canonical forms), structure.py (sets, tuples, matrices), math_equal.py (equivalence),
-latex.py (LaTeX -> sympy) and time_limit.py (the limit on every sympy call).
+math_form.py (canonical forms), structure.py (sets, tuples), math_equal.py (equivalence),
+latex.py (LaTeX -> sympy, guarded) and time_limit.py (the limit on every sympy call).
 """
 
 import re
