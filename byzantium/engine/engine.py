@@ -136,7 +136,8 @@ class Engine(SyncAPI):
         model_cls = type(self.model)
         return {"model": str(self.model_dir), "architecture": self.model.arch,
                 "tensor_parallel_size": self.engine_config.tensor_parallel_size,
-                "quantization": None if self.quantization is None else self.quantization.method,
+                "quantization": None if self.quantization is None else "fp8",  # the only weight format quantized
+                "quantization_source": None if self.quantization is None else self.quantization.source,
                 "kv_cache_dtype": str(self.kv_cache_dtype).removeprefix("torch."),
                 "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
                 "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,

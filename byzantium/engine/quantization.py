@@ -48,6 +48,11 @@ class Fp8Spec:
     block: tuple | None = None  # (rows, cols) of a block-wise checkpoint
     notes: tuple = field(default=(), compare=False)  # what of the config is not acted on, said in describe()
 
+    @property
+    def source(self):
+        """How the weights came to be FP8, for describe(): quantized here, or published so."""
+        return "quantized at load" if self.method == "load" else f"as published ({self.method})"
+
     def is_fp8(self, name, pieces=None):
         """Whether the nn.Linear `name` (our name) runs in FP8: a decoder-layer linear, not a router,
         targeted and not ignored, every checkpoint piece of it (`pieces`, e.g. q/k/v_proj of qkv_proj)."""
