@@ -120,3 +120,12 @@ def test_time_limit_is_not_swallowed_by_a_catch_all():
     start = time.monotonic()
     assert timed(stubborn, 0.2) is None
     assert time.monotonic() - start < 5
+
+
+def test_a_parse_cut_short_is_not_remembered(monkeypatch):
+    from byzantium.tasks.answers import latex
+    answer = r"\frac{7}{13} + \sqrt{17}"  # parsed nowhere else in these tests
+    monkeypatch.setattr(latex, "SYMPY_SECONDS", 1e-6)
+    assert latex.parse_math(answer) is None  # over the limit (as on a loaded machine)
+    monkeypatch.setattr(latex, "SYMPY_SECONDS", 2.0)
+    assert latex.parse_math(answer) is not None

@@ -17,7 +17,6 @@ MAX_EXPONENT = 1000
 MAX_SYMBOLIC_EXPONENT = 100
 
 
-@functools.lru_cache(maxsize=4096)
 def parse_math(s):
     """Sympy expression (or Matrix) for a normalised answer, or None: not maths (a word such as
     "Evelyn"), unparsable, too costly to evaluate safely, or over the time limit."""
@@ -34,6 +33,7 @@ def import_libraries():
     import math_verify  # noqa: F401
 
 
+@functools.lru_cache(maxsize=4096)  # here, not around the time limit: a parse cut short is not remembered
 def _parse(s):
     import sympy
     from latex2sympy2_extended import NormalizationConfig, latex2sympy

@@ -18,17 +18,21 @@ def timed(fn, seconds):
     use_signal = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
                   and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
     if use_signal:
+        armed = [True]  # an alarm that lands once fn is over raises nothing
+
         def alarm(*_):
-            raise _Timeout
+            if armed[0]:
+                raise _Timeout
         old = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)  # inside the try: a short limit may end before it
             return fn()
         except _Timeout:
             return None
         except Exception:
             return None
         finally:
+            armed[0] = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
     box = []
