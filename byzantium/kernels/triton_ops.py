@@ -82,6 +82,15 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     )
 
 
+@triton.jit
+def _like(x, q):
+    """K or V as q's dtype; an FP8 cache through fp32, since Triton 3.6 converts e4m3 to bf16 through f16 with
+    a cvt.bf16.f16 that ptxas has only from sm_90 (sm_89, where FP8 starts, would not compile)."""
+    if x.dtype.is_fp8():
+        x = x.to(tl.float32)
+    return x.to(q.dtype)
+
+
 # ------------------------------------------------------------------------------------ decode (split-K)
 
 @triton.jit
@@ -138,8 +147,8 @@ def _decode_split_kernel(
         # Gather per token through the block table: works for any block_size / BLOCK_N ratio.
         block = tl.load(table + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
         kv_offs = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        k = tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [D, N]; an FP8 cache upcast
+        k = _like(tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
+                          mask=mask_n[None, :] & mask_d[:, None], other=0.0), q)  # [D, N]; an FP8 cache upcast
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         # Online softmax (base 2). Every tile has >= 1 valid key, so m_new is finite.
@@ -147,8 +156,8 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)  # [N, D]
+        v = _like(tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
+                          mask=mask_n[:, None] & mask_d[None, :], other=0.0), q)  # [N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -216,11 +225,15 @@ def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, w
     # Keys per tile: fp32 tiles of 64 keys spill registers past head dim 64 on sm_80/sm_90
     # (bench/results/triton_aot.md); 16 is tl.dot's minimum.
     block_n = 64 if q.dtype != torch.float32 or head_dim <= 64 else 16
+    if head_dim < 16:  # padded to 16 dims: 64-key tiles of them spill 8 bytes on sm_90 (Triton 3.9)
+        block_n = 32
+    if k_cache.dtype.itemsize == 1 and head_dim > 128:  # FP8 tiles upcast to 256 dims: 64 keys spill under
+        block_n = 32                                     # Triton 3.6 (sm_90 and sm_89)
     if num_splits is None:
         context = block_tables.shape[1] * block_size
         num_splits = _decode_num_splits(batch, num_kv_heads, min(context, window or context, chunk or context),
                                         q.device)
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = _block_d(head_dim)
     if num_splits > 1:
         # Per split: partial output [B, Hq, S, D] (already divided by its own softmax sum) and its
         # log-sum-exp [B, Hq, S], both fp32.
@@ -327,8 +340,8 @@ def _append_prefill_kernel(
         mask_n = offs_n < kv_end
         block = tl.load(table + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
         kv_offs = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        k = tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [D, N]; an FP8 cache upcast
+        k = _like(tl.load(k_cache_ptr + kv_offs[None, :] + offs_d[:, None],
+                          mask=mask_n[None, :] & mask_d[:, None], other=0.0), q)  # [D, N]; an FP8 cache upcast
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         visible = ((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
                    & (offs_n[None, :] >= q_pos[:, None] // chunk * chunk))
@@ -340,8 +353,8 @@ def _append_prefill_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)  # [N, D]
+        v = _like(tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :],
+                          mask=mask_n[:, None] & mask_d[None, :], other=0.0), q)  # [N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -375,6 +388,8 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
         block_m = 16 if rows <= 16 else 64 if rows <= 64 else 128
         if head_dim > 128:  # 128 rows x 256 dims spill registers and need ~197 KB of shared memory (sm_90)
             block_m = min(block_m, 64)
+        if group & (group - 1):  # a group of 3, 5, 6: 128 rows of whole groups (42 tokens x 3) spill on
+            block_m = min(block_m, 64)  # sm_89 and sm_80 (the row-to-token division costs registers)
         if q.dtype == torch.float32:  # fp32 dots run without tensor cores and need far more shared
             block_m = 16              # memory: 64 rows would not fit on consumer GPUs (~100 KB)
     block_m = max(block_m, triton.next_power_of_2(group))
@@ -386,26 +401,32 @@ def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=_prefill_block_n(q.dtype, head_dim),
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=_block_d(head_dim),
+        BLOCK_N=_prefill_block_n(q.dtype, head_dim, fp8_cache=k_cache.dtype.itemsize == 1),
         DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=_prefill_warps(block_m, head_dim),
+        num_warps=_prefill_warps(block_m, _block_d(head_dim)),  # the padded tile's width decides
     )
     return out
 
 
 # ------------------------------------------------------------------------------------------ helpers
 
+def _block_d(head_dim):
+    # tl.dot needs K >= 16 (the interpreter does not check): smaller head dims are padded, masked lanes zero
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def _prefill_warps(block_m, head_dim):
     return 8 if block_m >= 128 or (block_m >= 64 and head_dim >= 128) else 4  # fewer registers a thread
 
 
-def _prefill_block_n(dtype, head_dim):
-    """Keys per tile, chosen so that no (dtype, head dim) spills registers on sm_80 or sm_90
-    (bench/results/triton_aot.md): 64, fewer past head dim 128, and fp32 (16-row tiles, no tensor
-    cores) fewer as the head dim grows, at least tl.dot's 16."""
+def _prefill_block_n(dtype, head_dim, fp8_cache=False):
+    """Keys per tile, chosen so that no (dtype, head dim) spills registers on sm_80, sm_89 or sm_90 under
+    Triton 3.6 and 3.9 (bench/results/triton_aot.md): 64, fewer past head dim 128 or from head dim 128 over
+    an FP8 cache (its upcast tiles), and fp32 (16-row tiles, no tensor cores) fewer as the head dim grows,
+    at least tl.dot's 16."""
     if dtype != torch.float32:
-        return 64 if head_dim <= 128 else 32
+        return 64 if head_dim <= (64 if fp8_cache else 128) else 32
     return max(16, min(64, 4096 // triton.next_power_of_2(head_dim)))
 
 
