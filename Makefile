@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean device-site test-device-versions
 
 $(VENV)/.base: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,22 @@ test: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(PY) bench/engine_throughput.py
+
+# pytest for the GPU check's test parts, carried in the tree: a lent machine installs nothing
+# (bench/gpu_check.sh puts .device-site on PYTHONPATH). Pure-Python wheels, CI's versions.
+device-site: $(VENV)/.test
+	$(PIP) --no-deps --target .device-site $$($(PY) -m pip freeze | grep -iE '^(pytest|pluggy|iniconfig|packaging)==')
+
+# The GPU machine's Triton (3.6.0) beside CI's 3.9: every kernel compiles for sm_90, sm_89 and sm_80 with
+# no spills under it (about 5 minutes on 2 cores; not in `make test`). Python 3.12, torch 2.11 and
+# transformers 5.17 of that machine are not reproduced here (no Python 3.12 on these machines).
+TRITON_DEVICE_SITE ?= /tmp/byzantium-triton-3.6.0
+test-device-versions: $(VENV)/.test
+	test -d $(TRITON_DEVICE_SITE)/triton || $(PIP) --no-deps --target $(TRITON_DEVICE_SITE) triton==3.6.0
+	PYTHONPATH=$(TRITON_DEVICE_SITE) $(PY) -c "import triton; assert triton.__version__ == '3.6.0', triton.__version__"
+	PYTHONPATH=$(TRITON_DEVICE_SITE) $(PY) -m pytest -q -p no:cacheprovider tests/test_triton_aot.py \
+		tests/test_fp8.py::test_triton_fp8_cache_kernels_compile_without_spills \
+		tests/test_fp8_experts.py::test_triton_fp8_moe_kernels_compile_without_spills
 
 clean:
 	rm -rf $(VENV) build *.egg-info
