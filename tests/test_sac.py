@@ -10,6 +10,7 @@ import pytest
 
 from byzantium.protocols import byzantine, metrics, prompts, voting
 from byzantium.protocols.byzantine import Adversary, Agent, make_agents, wrong_answers
+from byzantium.protocols.plurality import stable_seed
 from byzantium.protocols.graphs import complete
 from byzantium.protocols.metrics.sac import instance_metrics, summarize, vote
 from byzantium.protocols.sac import JUDGE_PARAMS, SOLVE_PARAMS, filter_neighbours, parse_score, run_sac
@@ -175,11 +176,62 @@ def test_one_round_filters_refines_and_records():
     a1 = r1["agents"][1]  # self 0.4: only the adversary (0.1) is below, and it is dropped
     assert a1["threshold"] == 0.4 and a1["dropped"] == [3] and a1["answer"] == "42" and a1["previous"] == "41"
     assert a1["self_score"] == 0.9  # re-scored after changing its answer
-    # Calls: solve, self-score, 3 neighbour scores, refine; re-score only when the answer changed.
-    assert kinds(llms[0]) == ["solve", "judge", "judge", "judge", "judge", "refine"]
+    # Calls: solve, self-score, 3 neighbour scores, refine, re-score (every round, changed or not).
+    assert kinds(llms[0]) == ["solve", "judge", "judge", "judge", "judge", "refine", "judge"]
     assert kinds(llms[1]) == ["solve", "judge", "judge", "judge", "judge", "refine", "judge"]
     m = instance_metrics(rec)
     assert m["IAA"] == 0.5 and m["FAA"] == 0.75 and m["BFTI"] == 0.25 and m["RA"] == 1.0
+
+
+class DriftingJudge(ScriptedLLM):
+    """A judge whose score of the same answer drifts by round (as sampling at temperature 0.1 may):
+    `self_scores` is the score of each of agent's own judgements in turn, neighbours score from `scores`."""
+
+    def __init__(self, name, answers, scores, self_scores):
+        super().__init__(name, answers, scores)
+        self.own, self.self_scores = answers[0], list(self_scores)
+
+    async def chat(self, messages, params=None, untrusted=False, tag=None):
+        if messages[0]["content"] == prompts.JUDGE_SYSTEM and \
+                messages[2]["content"].removeprefix("Proposed answer: ") == self.own:
+            await self._enter("judge", messages, params)
+            return SimpleNamespace(text=f"Score: {self.self_scores.pop(0)}")
+        return await super().chat(messages, params, untrusted, tag)
+
+
+def judge_calls_by_round(llm, agent, neighbours, T, seed=0):
+    """How many judge calls `llm` made in each round 0..T, told apart by their seeds (one per round,
+    agent and judged agent)."""
+    seeds = [s for k, s in llm.seeds if k == "judge"]
+    return [sum(seeds.count(stable_seed(seed, TASK.id, agent, t, "judge", j)) for j in [agent, *neighbours])
+            for t in range(T + 1)]
+
+
+@pytest.mark.parametrize("rescore, judges", [("always", 1 + 3 * (1 + 1)), ("changed", 1 + 3 * 1)])
+def test_sac_rescores_every_round_by_default(rescore, judges):
+    # Two agents on a path who never change their answers: "always" (Algorithm 1 line 7) re-scores each
+    # round, so a drifting self-score moves the next round's threshold; "changed" keeps round 0's score.
+    scores = {"42": 0.5, "41": 0.5}
+    a = DriftingJudge("a", ["42"], scores, self_scores=[0.6, 0.4, 0.7, 0.3])
+    b = ScriptedLLM("b", ["41"], scores)
+    rec = asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on([a, b]), F=1, T=3, rescore=rescore))
+    assert kinds(a).count("judge") == judges
+    # Round 0: the self-score; each round after: the neighbour, and the re-score unless "changed".
+    assert judge_calls_by_round(a, 0, [1], T=3) == [1] + [2 if rescore == "always" else 1] * 3
+    thresholds = [r["agents"][0]["threshold"] for r in rec["rounds"][1:]]
+    if rescore == "always":
+        assert thresholds == [0.6, 0.4, 0.7]  # each round filters against the last round's re-score
+        assert [r["agents"][0]["dropped"] for r in rec["rounds"][1:]] == [[1], [], [1]]
+        assert rec["rounds"][-1]["agents"][0]["self_score"] == 0.3
+    else:
+        assert thresholds == [0.6, 0.6, 0.6] and a.self_scores == [0.4, 0.7, 0.3]
+    assert rec["rescore"] == rescore
+
+
+def test_sac_refuses_an_unknown_rescore_mode():
+    llms = [ScriptedLLM("a", ["42"], {"42": 0.5}), ScriptedLLM("b", ["42"], {"42": 0.5})]
+    with pytest.raises(ValueError, match="rescore"):
+        asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on(llms), F=1, T=1, rescore="sometimes"))
 
 
 def test_empty_kept_set_makes_no_call_and_keeps_answer():
@@ -201,7 +253,7 @@ def test_unparsable_refinement_keeps_answer():
     rec = asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on(llms), F=1, T=1))
     a0 = rec["rounds"][1]["agents"][0]
     assert a0["refine_called"] and a0["refine_parsed"] is False and a0["answer"] == "42"
-    assert kinds(llms[0]).count("judge") == 2  # self + neighbour, no re-score of an unchanged answer
+    assert kinds(llms[0]).count("judge") == 3  # self, neighbour, and the round's re-score of the kept answer
 
 
 def test_scoring_calls_of_a_round_are_concurrent_and_failures_score_zero():
@@ -272,7 +324,7 @@ def test_logprob_mode_uses_one_pass_per_score():
     scores = {"42": 0.8, "41": 0.3}
     llms = [ScriptedLLM("a", ["42"], scores), ScriptedLLM("b", ["41"], scores)]
     rec = asyncio.run(run_sac(TASK, nx.path_graph(2), agents_on(llms), F=0, T=1, score_mode="logprob"))
-    assert "judge" not in kinds(llms[0]) and kinds(llms[0]).count("logprob") == 2
+    assert "judge" not in kinds(llms[0]) and kinds(llms[0]).count("logprob") == 3  # self, neighbour, re-score
     assert rec["rounds"][0]["agents"][0]["self_score"] == pytest.approx(0.8)
     assert rec["rounds"][1]["agents"][0]["dropped"] == []  # F=0 drops nobody
 

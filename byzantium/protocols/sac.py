@@ -9,8 +9,10 @@
                phi_i <- score_i(x_i)
     K_i is "the kept neighbours": neighbours scored at or above phi_i are kept too (the filter only
     removes; it never requires a neighbour to beat the agent). Empty K_i, or a refinement whose answer
-    cannot be parsed: x_i stays, with no call. phi_i is the self-score of the agent's current answer,
-    computed with its own model when that answer was produced, so an unchanged answer is not re-scored.
+    cannot be parsed: x_i stays, with no refine call. phi_i is re-scored at the end of every round, as
+    Algorithm 1 line 7 does, whether or not x_i changed: at a temperature above 0 the same answer can
+    score differently, and phi_i is the next round's filter threshold. rescore="changed" keeps the old
+    shortcut (only a changed answer is re-scored; phi_i carries over otherwise), ours, not the paper's.
 
 Only final answer strings travel between agents. Adversaries do not run the protocol; they send
 `Adversary.message(receiver, t)` (a decoy first writes its answer, alongside round 0's solves). Within a
@@ -31,6 +33,7 @@ from .byzantine import observe_adversaries, prepare_adversaries, seeded
 from .plurality import stable_seed
 
 SCORE_MODES = ("generate", "logprob")
+RESCORE_MODES = ("always", "changed")  # the paper's: every round; ours: only a changed answer
 LOGPROB_KINDS = ("yes", "digit")
 SOLVE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
 JUDGE_PARAMS = SamplingParams(max_tokens=1000, temperature=prompts.TEMPERATURE)
@@ -92,15 +95,19 @@ async def _safe(coro):
 
 
 async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params=None, judge_params=None,
-                  logprob_kind="yes", seed=0, lockstep=False):
+                  logprob_kind="yes", seed=0, lockstep=False, rescore="always"):
     """One problem instance. agents[i] sits on node i of `graph`. Returns the transcript record.
     seed: the run seed every request's sampling seed is derived from.
+    rescore: "always" (the paper's: each honest agent re-scores its answer every round) or "changed"
+    (only an answer the round changed is re-scored).
     lockstep: every phase of a round waits for the whole phase (all judgements, then all refinements, then
     all re-scores), the way the reference issues its calls; the same calls and the same record, later."""
     if sorted(graph.nodes) != list(range(len(agents))):
         raise ValueError(f"graph nodes must be 0..{len(agents) - 1}, one per agent")
     if any(graph.has_edge(i, i) for i in graph.nodes):
         raise ValueError("graph has a self-loop: an agent is not its own neighbour")
+    if rescore not in RESCORE_MODES:
+        raise ValueError(f"rescore must be one of {RESCORE_MODES}, got {rescore!r}")
     solve_params = solve_params or SOLVE_PARAMS
     scorer = Scorer(score_mode, judge_params, logprob_kind)
     honest = [a for a in agents if a.honest]
@@ -151,7 +158,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
             if lockstep:
                 await phase_done.wait()
             rescored = None
-            if new != answer[a.id]:
+            if rescore == "always" or new != answer[a.id]:
                 rescored = await judge(a, t, new, a.id)
                 phi[a.id] = rescored["score"]
             return {"id": a.id, "role": a.role, "answer": new, "previous": answer[a.id],
@@ -170,7 +177,7 @@ async def run_sac(task, graph, agents, F, T, score_mode="generate", solve_params
         rounds.append({"round": t, "agents": records})
 
     return {"protocol": "sac", "task_id": task.id, "kind": task.kind, "gold": task.accepted, "seed": seed,
-            "F": F, "T": T, "score_mode": score_mode, "edges": sorted(map(list, graph.edges)),
+            "F": F, "T": T, "score_mode": score_mode, "rescore": rescore, "edges": sorted(map(list, graph.edges)),
             "agents": [{"id": a.id, "role": a.role, "model": getattr(a.llm, "name", None)} for a in agents],
             "adversaries": [{"id": a.id, **a.adversary.record()} for a in agents if not a.honest],
             "rounds": rounds}
