@@ -272,6 +272,21 @@ def test_the_transcription_agrees_with_the_tables_own_arithmetic():
     for bb in ("GPT-3.5", "GPT-4o"):
         for values in m["scores by task"][bb].values():  # the overall score is the mean of the four tasks
             assert close(sum(values[:4]) / 4, values[4], 0.01)
+
+    for s_name, drop in m["decline by structure"].items():
+        by = m["scores by structure"]
+        drops = [by[bb][s_name][0] - by[bb][s_name][f] for bb in by for f in (1, 2)]
+        assert close(sum(drops) / 4, drop, 0.01), s_name
+    tasks = {"code": 0, "math": 1, "translation": 2, "text evaluation": 3}
+    by = m["scores by task"]
+    for t, drop in m["decline by task"].items():
+        drops = [by[bb]["clean"][tasks[t]] - by[bb][f][tasks[t]] for bb in by for f in ("AutoTransform", "AutoInject")]
+        assert close(sum(drops) / 4, drop, 0.01), t
+    for f, drop in m["decline by fault"].items():
+        assert close(sum(by[bb]["clean"][4] - by[bb][f][4] for bb in by) / 2, drop, 0.01), f
+    at = m["defences"]["self-collab"]["AutoTransform"]
+    recovered = (at[3] - at[0]) / (m["defences"]["self-collab"]["clean"][0] - at[0]) * 100
+    assert close(recovered, m["recovered by both defences"], 0.05)
     # Knowl 8's averages of the six systems are Knowl 5's GPT-3.5 code scores, and its clean and AutoInject
     # scores of Self-collaboration and Camel are Knowl 6's scores without a defence.
     errors = m["error types"]
