@@ -17,6 +17,8 @@ _MONEY_WORD = r"\s*(?:dollars?|rupees?|rs\.?|usd|inr)$"
 def option_value(s):
     """(value, unit) that an option or a reply states ("Rs. 250" -> (250, ""), "4 km" -> (4, "km"),
     "4,000", "20 percent" -> (20, "%")), or None when it is not a number with at most a unit."""
+    if len(str(s)) > 80:  # no option is that long a number; and int() refuses thousands of digits
+        return None
     s = re.sub(rf"^{_CURRENCY}\s*", "", re.sub(r"\s+", " ", str(s).strip().rstrip(".").lower()))
     m = re.fullmatch(r"([+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+)(?:\s*/\s*(\d+))?\s*([a-z%/ .]*)", s)
     if not m or m.group(2) == "0":

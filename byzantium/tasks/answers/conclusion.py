@@ -21,6 +21,7 @@ dropped, Unicode digits, minus signs and spaces made plain.
 
 import re
 import unicodedata
+from collections import deque
 from dataclasses import dataclass
 
 READ, UNREAD, AMBIGUOUS = "read", "unread", "ambiguous"
@@ -77,6 +78,7 @@ _DISPLAY = re.compile(r"\$\$[^$]{0,4000}?\$\$|\\\[.{0,4000}?\\\]", re.S)
 def clean(text):
     """The text a reader reads: no <think> blocks, plain digits and signs, display maths on one line."""
     text = plain(strip_think(str(text or "")))
+    text = re.sub(r"(?<!\w)__([^_\n]{1,80})__(?!\w)", r"**\1**", text)  # markdown's other bold: "__Score__:"
     return _DISPLAY.sub(lambda m: " ".join(m.group().split()), text)
 
 
@@ -84,8 +86,10 @@ def clean(text):
 
 # Words that introduce a committed answer. A bare "answer" must be followed by a copula or punctuation:
 # "To answer this we need 3 steps" commits to nothing.
-_ANSWER_NOUN = (r"(?:final\s+|correct\s+|right\s+|best\s+|my\s+|the\s+|predicted\s+)*"
-                r"(?:answer|choice|option|selection|verdict|decision|label|relation|classification|prediction|guess)s?")
+_ANSWER_NOUN = (r"(?:(?:final\s+|correct\s+|right\s+|best\s+|my\s+|the\s+|predicted\s+)*"
+                r"(?:answer|choice|option|selection|verdict|decision|label|relation|classification|prediction|guess|pick)s?"
+                r"|(?:(?:the|final|correct|my)\s+)+(?:total|result|sum)|(?:result|total)(?=\s*:))"
+                r"(?:\s+(?:here|then|therefore|thus|overall|now|in\s+this\s+case))?")
 _COPULA = (r"(?:\s*\([^)\n]{0,20}\))?[*_\s]*(?:(?:is|would\s+be|should\s+be|must\s+be|will\s+be|has\s+to\s+be|"
            r"appears\s+to\s+be|seems\s+to\s+be|remains|stands)\b\s*(?:as\s+)?:?|[:=\-\u2013\u2014])")
 # (pattern, weak): a weak marker ("so", "probably") commits only to a clause that names one value.
@@ -95,15 +99,19 @@ NOUN_MARKERS = [
     (r"\b(?:final\s+)?answer(?=\s*[\[(])", False),  # "Answer (C)", "Answer: [C]"
     (r"(?m)^[#>*_\s]*(?:final\s+)?(?:answer|ans)\b[*_.\s]*(?=\S)", False),  # "Answer D" as AQuA's rationales end
     (r"####", False),
+    # a heading, its answer on the next line: "## Correct answer\n\nB", "**Final choice**\n(C)"
+    (r"(?m)^[#*_\s]*(?:final\s+|correct\s+|best\s+)?(?:answer|choice|option|verdict|label|relation)[*_:\s]*\n\s*", False),
+    (r"\b(?:which|that|this)\s+leaves\b", False),
 ]
 CHOOSING_MARKERS = [
     (r"\b(?:I(?:'d|\s+would|'ll|\s+will|'m|\s+am)?\s+(?:go|going|stick|sticking|stay|staying)\s+with|"
      r"I(?:\s+would|\s+will|'d)?\s+(?:choose|pick|select|say|conclude)|my\s+pick\s+is)\b\s*:?", False),
     (r"\b(?:probably|most\s+likely|likely|I\s+(?:think|believe|guess|suspect)|on\s+balance|I\s+lean\s+towards?|"
-     r"leaning\s+towards?|my\s+(?:best\s+)?guess\s+is|(?:fairly|pretty|quite|reasonably)\s+(?:sure|confident)\s+(?:that\s+)?"
+     r"leaning\s+towards?|my\s+(?:best\s+)?guess(?:\s+is|\s*:)|(?:fairly|pretty|quite|reasonably)\s+(?:sure|confident)\s+(?:that\s+)?"
      r"(?:it(?:'s|\s+is)\s+)?)\b\s*:?", True),
-]
-CONCLUDING = "concluding"  # weak, and only in the reply's last two lines
+] + [(r"\b(?:more\s+like|closer\s+to)\b", True)]
+REVISING_MARKERS = CHOOSING_MARKERS[-1:]  # "not 45%; more like 30%"
+CONCLUDING = "concluding"  # weak, and only on the reply's last line
 CONCLUDING_MARKERS = [
     (r"=>|⇒|∴", CONCLUDING),
     (r"(?:^|(?<=[.!?;:,\n])|\band\b)\s*(?:so|thus|therefore|hence|consequently|overall|in\s+total|altogether)\b(?!\s+far\b),?",
@@ -129,7 +137,8 @@ _NEGATED_BEFORE = re.compile(
 _OR_BETWEEN = re.compile(r"^[\s)\]*_,.\"'“”‘’]*(?:,?\s*or\b|/|\band/or\b|\band\b)[\s(\[*_\"'“”‘’]*(?:maybe\s+|possibly\s+|perhaps\s+)?", re.I)
 _EITHER_BEFORE = re.compile(r"\b(?:either|between|both)\b[\s(\[*_\"'“”‘’]*$", re.I)
 _AFFIRMED_AFTER = re.compile(
-    r"^[)\]*_\s\"'“”‘’]*(?:as\s+(?:the|my)\s+(?:final\s+)?(?:answer|choice|option|verdict|total|result|score|label)\b|"
+    r"^[)\]*_\s\"'“”‘’]*(?:as\s+(?:the|my)\s+(?:final\s+|correct\s+|right\s+)?"
+    r"(?:answer|choice|option|verdict|total|result|score|label|confidence)\b|"
     r"(?:is|must\s+be|seems|would\s+be)\s+(?:the\s+)?(?:(?:only\s+)?(?:correct|right|best|true|valid)\b"
     r"(?!\s+(?:only|if|when|for))|(?:correct|right|best|final)\s+(?:answer|option|choice|one)|the\s+answer\b))", re.I)
 
@@ -141,9 +150,18 @@ class _Found:
     value: object
 
 
+SENTENCE_LIMIT = 400  # characters a committing sentence is read for: bounds the work on untrusted text
+LAST = 64  # statements of each kind read, the last ones: the conclusion is at the end, and a text of
+           # thousands of "The answer is" costs no more than one of 64
+
+
+def _last(items, n=LAST):
+    return deque(items, maxlen=n)
+
+
 def _segment_end(text, i):
-    m = _SENTENCE_END.search(text, i)
-    return m.start() if m else len(text)
+    m = _SENTENCE_END.search(text, i, min(len(text), i + SENTENCE_LIMIT))
+    return m.start() if m else min(len(text), i + SENTENCE_LIMIT)
 
 
 def _commit(values, text, start, end, weak=False):
@@ -151,10 +169,15 @@ def _commit(values, text, start, end, weak=False):
     [values]) when it only rules values out, or None when it names no value. A weak marker's piece
     must name exactly one value."""
     piece = values.focus(text[start:end])
-    found = values.find(piece)
-    m = _CLAUSE_CUT.search(piece)
-    if m and m.start() > 0:  # "..., which is why": what follows explains (an option's own text may run on)
-        found = [f for f in found if f.start < m.start()]
+    found = values.find(piece) if values.discrete else []
+    # "..., which is why": what follows explains; not inside a value ("reverberate when touched together")
+    cuts = [m.start() for m in _CLAUSE_CUT.finditer(piece) if m.start() > 0 and not any(f.start <= m.start() < f.end for f in found)]
+    cut = cuts[0] if cuts else len(piece)
+    if values.discrete:
+        found = [f for f in found if f.start < cut]
+    else:
+        piece = piece[:cut]
+        found = values.find(piece)
     if not found or (weak and len(found) != 1):
         return None
     kept, refuted = [], []
@@ -182,35 +205,36 @@ def _commitments(text, values):
     """[(position, outcome)] of every statement in `text` that commits to (or refutes) a value."""
     out = []
     lines = [m.start() for m in re.finditer(r"(?m)^.*\S", text)]
-    closing = lines[-2] if len(lines) > 1 else 0  # "so", "therefore" conclude only at the end, not in the working
+    closing = lines[-1] if lines else 0  # "so", "therefore" conclude only on the last line, not in the working
     for pattern, weak in values.markers:
-        for m in re.finditer(pattern, text, flags=re.I):
-            if weak == CONCLUDING and m.start() < closing:
+        for m in _last(re.finditer(pattern, text, flags=re.I)):
+            if weak == CONCLUDING and m.end() < closing:
                 continue
             end = _segment_end(text, m.end())
             got = _commit(values, text, m.end(), end, weak)
             if got is not None:
                 out.append((m.start(), got, bool(weak)))
-    for start, inner in values.emphasised(text):  # \boxed{...}, **...**, \textbf{...}
+    for start, inner in _last(sorted(values.emphasised(text))):  # \boxed{...}, **...**, \textbf{...}
         got = _commit(values, inner, 0, len(inner))
         if got is not None:
             out.append((start, got, False))
-    for start, piece in values.statements(text):
+    for start, piece in _last(sorted(values.statements(text))):
         got = _commit(values, piece, 0, len(piece))
         if got is not None:
             out.append((start, got, False))
+    # "It's either X or Y", "torn between X and Y", "X or Y, I cannot decide": undecided at the end.
+    for m in _last(_UNDECIDED.finditer(text), 16):
+        start = max([text.rfind(ch, max(0, m.start() - SENTENCE_LIMIT), m.start()) for ch in ".!?\n"] + [m.start() - SENTENCE_LIMIT]) + 1
+        end = _segment_end(text, m.end())
+        got = _commit(values, text, start, end)
+        if got is not None and got[0] == "ambiguous":
+            out.append((end, got, False))  # the sentence's last word: nothing inside it overrides it
     if not values.discrete:
         return out + _closing_line(text, values)
     # "(B) is correct", "Option C is the right answer": said right, without a marker before it.
-    for f in values.find(text):
+    for f in _last(values.find(text), 4 * LAST):
         if _AFFIRMED_AFTER.match(text[f.end:f.end + 60]) and not _NEGATED_BEFORE.search(text[max(0, f.start - 30):f.start]):
             out.append((f.start, ("read", f.value), False))
-    # "It's either X or Y", "torn between X and Y", "X or Y, I cannot decide": undecided at the end.
-    for m in _UNDECIDED.finditer(text):
-        start = max(text.rfind(ch, 0, m.start()) for ch in ".!?\n") + 1
-        got = _commit(values, text, start, _segment_end(text, m.end()))
-        if got is not None and got[0] == "ambiguous":
-            out.append((start, got, False))
     if values.binary:  # "No would be wrong here." commits to yes
         out += [(pos, ("read", values.complement(v)), False) for pos, v in _refutations(text, values)]
     return out + _closing_line(text, values)
@@ -221,7 +245,7 @@ _UNDECIDED = re.compile(r"\b(?:either|torn\s+between|can(?:no|')?t\s+(?:decide|c
 
 
 def _closing_line(text, values):
-    """The last line, when it is only a value ("C", "(B).", "**42**", "$\\frac{1}{2}$")."""
+    """The last line, when it is only a value ("C", "(B).", "**42**", "$\\frac{1}{2}$", "B, not C")."""
     lines = [(m.start(), m.group()) for m in re.finditer(r"[^\n]+", text) if m.group().strip()]
     if not lines or not values.bare_line:
         return []
@@ -234,9 +258,8 @@ def _closing_line(text, values):
         rest = "".join(ch for i, ch in enumerate(core) if not any(f.start <= i < f.end for f in found))
         if len(re.findall(r"[A-Za-z]{2,}", rest)) > 2:
             return []
-    if found and found[0].start == 0 and all(values.same(f.value, found[0].value) for f in found):
-        return [(start, ("read", found[0].value), True)]
-    return []
+    got = _commit(values, core, 0, len(core)) if found and found[0].start == 0 else None
+    return [(start, got, True)] if got and got[0] == "read" else []  # "B, not C." is B
 
 
 def _refutations(text, values):
@@ -244,7 +267,7 @@ def _refutations(text, values):
     out = []
     if not values.discrete:
         return out
-    for f in values.find(text):
+    for f in _last(values.find(text), 4 * LAST):
         if _REFUTED_AFTER.match(text[f.end:f.end + 60]):
             out.append((f.start, f.value))
     return out
@@ -261,8 +284,9 @@ def read_conclusion(text, values):
         made.append((-1, ("read", opening), False))
     # Hedged and concluding words ("probably", "so"), and a closing line, count only where the reply
     # commits nowhere in plain terms: "\\boxed{30} ... so QM/PQ = 15/17" is 30.
-    strong = [c for c in made if not c[2]]
-    made = sorted(strong or made, key=lambda c: c[0])
+    if any(not weak and outcome[0] != "refuted" for _, outcome, weak in made):
+        made = [c for c in made if not c[2]]
+    made = sorted(made, key=lambda c: c[0])
     if not made:
         return NOTHING
     at, (status, value), _ = made[-1]

@@ -7,10 +7,11 @@ or closing line can be its answer.
 """
 
 import re
+from collections import deque
 from fractions import Fraction
 
 from .choice import option_value, same_value
-from .conclusion import ANSWER_MARKERS, CHOOSING_MARKERS, _Found, found_in, no_overlaps, plain
+from .conclusion import ANSWER_MARKERS, CHOOSING_MARKERS, LAST, REVISING_MARKERS, _Found, found_in, no_overlaps, plain
 from .reading import normalize_text
 
 # \mathbf is a vector's name, not emphasis
@@ -18,10 +19,11 @@ _BOLD = re.compile(r"\*\*([^*\n]{1,80})\*\*|__([^_\n]{1,80})__|\\(?:textbf|bf)\{
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 
 
-def braced(text, i):
-    """(content, end) of the brace group opening at text[i] == "{", or None when it is not closed."""
+def braced(text, i, limit=2000):
+    """(content, end) of the brace group opening at text[i] == "{", or None when it is not closed within
+    `limit` characters (no answer is longer; an unclosed run of "\\boxed{" stays linear)."""
     depth = 0
-    for k in range(i, len(text)):
+    for k in range(i, min(len(text), i + limit)):
         depth += {"{": 1, "}": -1}.get(text[k], 0)
         if depth == 0:
             return text[i + 1:k], k + 1
@@ -31,7 +33,7 @@ def braced(text, i):
 def boxes(text):
     """[(start, content)] of every \\boxed{...} / \\fbox{...} (nested braces allowed), and "\\boxed 5"."""
     out, inside_until = [], -1
-    for m in _BOX.finditer(text):
+    for m in deque(_BOX.finditer(text), maxlen=LAST):  # the last boxes: an answer is boxed at the end
         if m.start() < inside_until:
             continue  # a box inside a box is part of its answer
         if text.startswith("{", m.end()):
@@ -115,7 +117,7 @@ class ChoiceValues(Values):
 
     def _letter(self, m):
         after = m.string[m.end():m.end() + 12]
-        if not m.group().startswith(("(", "[")) and re.match(r" (?!or\b|and\b|is\b|was\b|because\b|since\b|as\b|seems\b"
+        if m.group() in ("A", "I") and re.match(r" (?!or\b|and\b|is\b|was\b|because\b|since\b|as\b|seems\b"
                                                              r"|must\b|would\b|could\b|can|fails\b|too\b|not\b|only\b)[a-z]", after):
             return None  # "A cat", "I think": an article or a pronoun, not an option
         return m.group(1)
@@ -177,7 +179,8 @@ class NumberValues(Values):
 # ------------------------------------------------------------------ maths and free text
 
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
-_FILLER = re.compile(r"^(?:[\s*_:]|\b(?:it\s+is|it's|actually|really|simply|just|then|the\s+answer\s+is|equal\s+to)\b)+", re.I)
+_FILLER = re.compile(r"^(?:[\s*_:]|\b(?:it\s+is|it's|actually|really|simply|just|then|the\s+answer\s+is|equal\s+to|"
+                     r"most\s+likely|probably|likely|clearly)\b)+", re.I)
 _SPLIT = re.compile(r";|,\s*(?=not\b|but\b|it\s+is\b|it's\b)|\s+(?=(?:or|not|but|rather\s+than|instead\s+of)\s)"
                     r"|\b(?:or|not|but|rather\s+than|instead\s+of)\s+", re.I)
 
@@ -193,6 +196,9 @@ _JUDGEMENTS = {"correct", "right", "wrong", "incorrect", "valid", "invalid", "tr
                "unknown", "unclear", "undetermined"}
 
 
+_FUNCTION_WORDS = {"", "the", "a", "an", "it", "this", "that", "we", "so", "then", "and", "or", "is", "be", "next", "here"}
+
+
 class ExpressionValues(Values):
     """A whole expression or phrase: each $...$ span, else each part of the piece between connectives
     ("not X; it is Y", "X or Y"), trimmed."""
@@ -201,7 +207,8 @@ class ExpressionValues(Values):
 
     def bare(self, line):
         # a closing line of maths: a $...$ span, or no word of three letters outside LaTeX commands
-        return bool(_MATH_SPAN.fullmatch(line)) or not re.search(r"(?<!\\)\b[A-Za-z]{3,}", line)
+        commands = re.sub(r"\\[a-zA-Z]+(?:\{[a-zA-Z*]+\})?", " ", line)
+        return bool(_MATH_SPAN.fullmatch(line)) or not re.search(r"[A-Za-z]{3,}", commands)
 
     def find(self, text):
         spans = [(m.start(), m.end(), next(g for g in m.groups() if g is not None)) for m in _MATH_SPAN.finditer(text)]
@@ -225,8 +232,8 @@ class ExpressionValues(Values):
         return out
 
     def _plausible(self, value):
-        if normalize_text(value) in _JUDGEMENTS:  # "so our answer is correct" names no answer
-            return False
+        if normalize_text(value) in _JUDGEMENTS or normalize_text(value) in _FUNCTION_WORDS:
+            return False  # "so our answer is correct", "so the" name no answer
         return len(re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", value)) <= self.words_allowed
 
     def same(self, a, b):
@@ -248,7 +255,7 @@ class TextValues(ExpressionValues):
 # ------------------------------------------------------------------ yes / no, entailment
 
 _YES = r"yes|true|correct|entail(?:s|ed|ment)?|follow(?:s|ed)?|implied|supported"
-_NO = r"no|false|incorrect|(?:not|no|non)[_ -]?entailment|contradict(?:s|ion|ed)?|neutral"
+_NO = r"(?:not|no|non)[_ -]?entailment|no|false|incorrect|contradict(?:s|ion|ed)?|neutral"
 
 
 class BoolValues(Values):
@@ -267,7 +274,7 @@ class BoolValues(Values):
         said = r"\b(?:entail(?:s|ed|ment)?|follow(?:s|ed)?|implied|contradict(?:s|ed)?)\b"
         # "That is not true.", "The statement is false."
         plain = r"\b(?:it|that|this|the\s+(?:statement|claim|answer|hypothesis|premise))\s+is\s+(?:not\s+)?(?:true|false)\b"
-        return [(m.start(), m.group()) for m in re.finditer(rf"[^.!?\n]*(?:{said}|{plain})[^.!?\n]*(?![?\w])", text, re.I)]
+        return [(m.start(), m.group()) for m in re.finditer(rf"[^.!?\n]{{0,200}}(?:{said}|{plain})[^.!?\n]{{0,200}}(?![?\w])", text, re.I)]
 
     def opening(self, text):
         m = re.match(r"[\s*#_]*(yes|no|true|false)\b", text, re.I)
@@ -306,16 +313,20 @@ class VerdictValues(Values):
         # "Assistant 2 is better", "Assistant 1 is worse than Assistant 2": the better one, said plainly.
         who = rf"(?:{_WHO}\s*(1|2|one|two|a|b)\b|\b(?:the\s+)?(first|second)\s+(?:{_WHO}|one)\b)"
         for m in re.finditer(rf"{who}(?:(?!{who})[^.\n]){{0,60}}?"
-                             r"\b(?:is|was|does|did|performs?|performed)\s+"
+                             r"\b(?:is|was|does|did|performs?|performed|gave|gives|provided|provides|wrote|writes|has|had)\s+"
                              r"(not\s+)?(?:\w+\s+){0,2}?(better|superior|preferable|preferred|the\s+winner|worse|inferior|weaker)\b",
                              text, re.I):
             first = (m.group(1) or m.group(2)).lower() in ("1", "one", "a", "first")
             better = m.group(6).lower() not in ("worse", "inferior", "weaker")
             won = first == (better != bool(m.group(5)))
             out.append((m.start(), "Assistant 1" if won else "Assistant 2"))
-        out += [(m.start(), "tie") for m in re.finditer(
-            r"\b(?:it(?:'s|\s+is)\s+a\s+tie|a\s+tie\b|(?:are|performed|did)\s+equally\s+(?:well|good|helpful)|neither\s+is\s+better)",
-            text, re.I)]
+        out += [(m.start(), "Assistant 1" if (m.group(1) or m.group(2)).lower() in ("1", "one", "a", "first") else "Assistant 2")
+                for m in re.finditer(rf"{who}\s+(?:clearly\s+|narrowly\s+)?(?:wins|won|is\s+the\s+winner)\b", text, re.I)]
+        # "it is a tie", "they did equally well": the sentence, so "rather than a tie" stays a refutation
+        for m in re.finditer(r"\b(?:it(?:'s|\s+is)|(?:this|that)\s+is)\s+a\s+tie\b|(?:are|performed|did)\s+equally\s+"
+                             r"(?:well|good|helpful)|neither\s+(?:\w+\s+)?is\s+better", text, re.I):
+            start = max([text.rfind(ch, max(0, m.start() - 200), m.start()) for ch in ".!?\n"] + [m.start() - 200]) + 1
+            out.append((start, text[start:m.end()] + ("" if "neither" not in m.group().lower() else " tie")))
         return out
 
     def opening(self, text):
@@ -330,14 +341,16 @@ class VerdictValues(Values):
 
 # ------------------------------------------------------------------ judge scores and confidences
 
-_RATIO = r"(?<![\w.])(-?(?:\d+(?:\.\d+)?|\.\d+))\s*(?:(%)|(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
+# "7/10", "3 out of 4", "85%"; "7 out of" cut off before its scale is no value
+_RATIO = (r"(?<![\w.])(-?(?:\d+(?:\.\d+)?|\.\d+))(?![\d.])\s*(?:(%)|(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
+          r"(?!\s*(?:/|out\s+of\b))")
 
 
 class ScoreValues(Values):
     """A judge's score in [0, 1]: "Score: 0.8", "a score of 0.8", "I rate it 0.7", "7/10", "85%"."""
     markers = [(r"\b(?:score|rating|rated|grade)\b(?:\s*\([^)\n]{0,20}\))?[*_\s]*(?:of\b|is\b|would\s+be\b|:|=|-)?\s*", False),
                (r"\b(?:I(?:'d|\s+would|\s+will)?\s+)?(?:rate|give|score|assign)\s+(?:it|this|the\s+\w+)\s*"
-                r"(?:an?\s+|at\s+|as\s+)?(?:score\s+of\s+|rating\s+of\s+)?", False)]
+                r"(?:an?\s+|at\s+|as\s+)?(?:score\s+of\s+|rating\s+of\s+)?", False)] + REVISING_MARKERS
     percent_divides = False  # a score above 1 is clipped; a confidence above 1 is a percentage
 
     def find(self, text):
@@ -360,10 +373,11 @@ class ScoreValues(Values):
 class ConfidenceValues(ScoreValues):
     """CP-WBFT's reported confidence: "Confidence: 0.9", "Confidence level: 0.8", "I am 90% confident"."""
     markers = [(r"\bconfidence(?:\s+(?:score|level|value|rating|estimate))?(?:\s*\([^)\n]{0,20}\))?[*_\s]*"
-                r"(?:of\b|is\b|:|=|-)?\s*", False)]
+                r"(?:of\b|is\b|:|=|-)?\s*", False)] + REVISING_MARKERS
     bare_line = False  # a reply that is only "42" is its answer, not its confidence
     percent_divides = True
 
     def statements(self, text):
-        return [(m.start(), m.group(1)) for m in re.finditer(
-            r"(\d+(?:\.\d+)?\s*%?)\s*(?:confident|sure|certain|confidence)\b", text, re.I)]
+        # "I am 90% confident", and "I am not 45% confident" (its negation read with it)
+        return [(m.start(), m.group()) for m in re.finditer(
+            r"(?:\bnot\s+)?(?<![\w.])(\d+(?:\.\d+)?\s*%?)\s*(?:confident|sure|certain|confidence)\b", text, re.I)]
