@@ -230,12 +230,57 @@ def test_each_parser_reads_the_calls_its_grammar_forces(tools_llm, parser, clien
 
 # -- refusals ------------------------------------------------------------------------------------------------
 def test_a_template_without_tool_format_is_a_400(client):
+    plain = "{% for m in messages %}{{ m.content }}{% endfor %}"  # renders no tools
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=4)
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=4,
+                                       extra_body={"chat_template_kwargs": {"chat_template": plain}})
     assert error.value.body["param"] == "tools" and "no tool format" in error.value.body["message"]
     # tool_choice "none": nothing to offer, nothing to read; a plain chat
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4)
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4,
+                                           extra_body={"chat_template_kwargs": {"chat_template": plain}})
     assert reply.choices[0].message.tool_calls is None
+
+
+# -- the embedded model, with the shipped tools template -----------------------------------------------------
+def test_embedded_model_round_trip_with_the_shipped_template(client):
+    """SmolLM2's own template has no tool format: chats with tools render with the shipped one, a forced call
+    is parsed, and the call and its answer reach the prompt of the next turn; chats without tools keep
+    SmolLM2's own template."""
+    from byzantium.engine.chat import render_chat
+    tok = tokenizer_of(client)
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=80, seed=1,
+                                           extra_body={"return_token_ids": True})
+    (choice,) = reply.choices
+    (call,) = choice.message.tool_calls
+    arguments = valid_call(call)
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert "<tools>" in tok.decode(reply.prompt_token_ids) and '"get_time"' in tok.decode(reply.prompt_token_ids)
+    answer = json.dumps({"result": 21})
+    history = ASK + [choice.message, {"role": "tool", "tool_call_id": call.id, "content": answer}]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8,
+                                            extra_body={"return_token_ids": True})
+    prompt = tok.decode(second.prompt_token_ids)
+    assert f'"name": "{call.function.name}", "arguments": {json.dumps(arguments)}' in prompt
+    assert f"<tool_response>\n{answer}\n</tool_response>" in prompt
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, extra_body={"return_token_ids": True})
+    assert plain.prompt_token_ids == render_chat(tok, ASK)
+
+
+def test_the_serve_flag_replaces_the_chat_template(tmp_path):
+    import argparse
+
+    from byzantium.server.app import add_serve_args, read_chat_template
+    ap = argparse.ArgumentParser()
+    add_serve_args(ap)
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ tools }}")
+    assert read_chat_template(ap.parse_args(["--chat-template", str(path)]).chat_template) == "{{ tools }}"
+    with pytest.raises(ValueError, match="cannot read"):
+        read_chat_template(tmp_path / "missing.jinja")
+    (tmp_path / "empty.jinja").write_text(" ")
+    with pytest.raises(ValueError, match="empty"):
+        read_chat_template(tmp_path / "empty.jinja")
 
 
 def bad(client, param, **kw):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -103,6 +104,10 @@ def add_serve_args(ap):
     ap.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
                     help="the format tool calls are read in, for every model (default: the one each model's "
                          "chat template uses: <tool_call> hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3_json)")
+    ap.add_argument("--chat-template", default=None, metavar="PATH",
+                    help="a Jinja chat template file that replaces every served model's own (e.g. one with a tool "
+                         "format); default: each model's own, and for the embedded model, with tools, the shipped "
+                         "Hermes-style one")
 
 
 def cmd_serve(args):
@@ -119,6 +124,7 @@ def cmd_serve(args):
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    chat_template = read_chat_template(args.chat_template) if getattr(args, "chat_template", None) else None
     split = split_kwargs(args)
     for name in models:
         check_model(name)
@@ -129,15 +135,30 @@ def cmd_serve(args):
     engine.update(split)
     serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
           args.max_sessions, args.shutdown_timeout, getattr(args, "tool_call_parser", None),
-          max_num_seqs=args.max_num_seqs, **engine)
+          max_num_seqs=args.max_num_seqs, chat_template=chat_template, **engine)
+
+
+def read_chat_template(path):
+    """The text of a --chat-template file; a clear error when it cannot be read or is empty."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"--chat-template {path}: cannot read it ({error.strerror or error})") from None
+    if not text.strip():
+        raise ValueError(f"--chat-template {path}: the file is empty")
+    return text
 
 
 def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, max_body_bytes=8 << 20,
-          max_sessions=1024, shutdown_timeout=30.0, tool_parser=None, **engine_kwargs):
+          max_sessions=1024, shutdown_timeout=30.0, tool_parser=None, chat_template=None, **engine_kwargs):
     """Load each model (served under the name given) and serve them until interrupted; then requests in
-    flight get shutdown_timeout seconds, the engines close and this returns."""
+    flight get shutdown_timeout seconds, the engines close and this returns. chat_template: a template's
+    text that replaces each model's own."""
     with LLMPool("native", **engine_kwargs) as pool:
         llms = {name: pool.get(name) for name in models}
+        for llm in llms.values():
+            if chat_template is not None and llm.tokenizer is not None:
+                llm.tokenizer.chat_template = chat_template
         print(f"serving {', '.join(llms)} on http://{host}:{port}/v1", flush=True)
         app = build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout, tool_parser)
         Uvicorn(app, host=host, port=port, log_level="info").run()

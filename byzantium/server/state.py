@@ -16,7 +16,7 @@ from ..engine.sequence import Status
 from .metrics import Metrics
 from .schemas import ROLES, APIError
 from .tool_parsers import PARSERS
-from .tools import template_fields
+from .tools import default_tools_template, template_fields, tools_template_kwargs
 
 KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
 TOKEN_CHARS_FALLBACK = 64  # characters a token may cover, for a tokenizer whose vocabulary cannot be read
@@ -58,6 +58,7 @@ class Served:
         tokenizer = llm.tokenizer
         self.worker = tokenizer_worker(tokenizer)
         self.token_chars = longest_token(tokenizer) if tokenizer is not None else TOKEN_CHARS_FALLBACK
+        self.tools_template = default_tools_template(llm)  # for chats with tools, if its own has no tool format
 
     @property
     def waiting(self):
@@ -202,7 +203,10 @@ class Server:
         if served.llm.tokenizer is None:
             raise APIError(400, f"model `{served.name}` has no tokenizer, so no chat template", param="model")
         self.check_chars(served, chars, param, where="messages' content")
-        template_kwargs = dict(template_kwargs or {}, **({"tools": tools} if tools else {}))
+        uses_tools = bool(tools) or any("tool_calls" in m or m["role"] == "tool" for m in conversation)
+        template_kwargs = tools_template_kwargs(served, template_kwargs, uses_tools)
+        if tools:
+            template_kwargs["tools"] = tools
         try:
             ids = await served.on_worker(render_chat, served.llm.tokenizer, conversation, **template_kwargs)
         except (ChatTemplateError, TypeError, ValueError) as error:

@@ -3,7 +3,10 @@ which parser reads its calls, and the grammar that forces a call.
 
 - The tools go to the chat template as transformers gives them (`apply_chat_template(messages,
   tools=...)`); a template that never mentions `tools` has no tool format, and offering it tools is a
-  400 (unless tool_choice is "none": then they are simply left out).
+  400 (unless tool_choice is "none": then they are simply left out). The embedded SmolLM2's template has
+  none, so its chats that offer tools (or carry calls and tool answers) are rendered with the generic
+  ChatML template shipped here (templates/tools_chatml.jinja, Hermes-style calls); `serve --chat-template`
+  replaces a model's template altogether, as vLLM's flag does.
 - The parser is the template's family (its call markers say which: `<tool_call>` Hermes, `[TOOL_CALLS]`
   Mistral, `<|python_tag|>` or `ipython` Llama 3 JSON), or the server's `--tool-call-parser`.
 - tool_choice "auto": free generation, then parsed. "none": the tools are in the prompt (as vLLM does)
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..backends.strict_schema import strict
 from ..engine.grammar import JSON_OPTIONS  # JSON without free whitespace, as every schema is compiled
@@ -24,6 +28,7 @@ from .schemas import APIError, structured
 from .tool_parsers import PARSERS
 
 CHOICES = ("none", "auto", "required")
+TOOLS_TEMPLATE = Path(__file__).with_name("templates") / "tools_chatml.jinja"
 
 
 @dataclass
@@ -41,6 +46,31 @@ def template_source(tokenizer, template_kwargs=None):
     if isinstance(source, dict):
         source = source.get("tool_use") or source.get("default")
     return source if isinstance(source, str) else None
+
+
+def default_tools_template(llm):
+    """The shipped tools template when `llm` is the embedded model (whose own template has no tool format),
+    else None: other models keep their own templates, with or without tools."""
+    from ..engine.loader import DEFAULT_MODEL, resolve_model
+    model_dir = getattr(llm, "model_dir", None)
+    if model_dir is None:
+        return None
+    try:
+        embedded = resolve_model(DEFAULT_MODEL)
+    except Exception:  # noqa: BLE001 - the embedded model not installed: nothing to compare with
+        return None
+    return TOOLS_TEMPLATE.read_text() if Path(model_dir).resolve() == Path(embedded).resolve() else None
+
+
+def tools_template_kwargs(served, template_kwargs, uses_tools):
+    """The template kwargs of a chat: with the model's tools template added when the chat uses tools, the
+    request names no template, and the model's own renders none."""
+    template_kwargs = dict(template_kwargs or {})
+    fallback = getattr(served, "tools_template", None)
+    if (uses_tools and fallback and "chat_template" not in template_kwargs
+            and not supports_tools(template_source(served.llm.tokenizer))):
+        template_kwargs["chat_template"] = fallback
+    return template_kwargs
 
 
 def supports_tools(source):
@@ -92,7 +122,7 @@ def plan(body, served, override=None):
                             f"function", param="tool_choice")
     choice = "named" if named is not None else choice or "auto"
     tokenizer = served.llm.tokenizer
-    source = template_source(tokenizer, body.chat_template_kwargs)
+    source = template_source(tokenizer, tools_template_kwargs(served, body.chat_template_kwargs, True))
     if not supports_tools(source):
         if choice == "none":  # nothing to offer them with, and nothing to read: a plain chat
             return None
