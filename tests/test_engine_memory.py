@@ -56,6 +56,38 @@ def test_kv_blocks_fit_the_share_and_what_is_free():
     assert kv_blocks(80 * gib, 0.1, 16 * gib, 0, 60 * gib, gib) < 0  # does not fit at all
 
 
+def test_the_graph_pool_adds_to_the_prefill_peak():
+    from byzantium.engine.memory import WarmUpPeaks, kv_blocks
+    gib = 2**30
+    # The decode peak (3 GiB) holds the 2 GiB pool it captured; later prefill steps (4 GiB) run on top of it.
+    peaks = WarmUpPeaks(prefill=4 * gib, decode=3 * gib, graph_pool=2 * gib)
+    assert peaks.activations == peaks.prefill + peaks.graph_pool
+    # An 8 GiB device with 3 GiB of weights: the larger peak alone would leave a block that serving lacks.
+    assert kv_blocks(8 * gib, 1.0, 3 * gib, max(peaks.prefill, peaks.decode), 8 * gib, gib) == 1
+    assert kv_blocks(8 * gib, 1.0, 3 * gib, peaks.activations, 8 * gib, gib) < 1
+    # A decode step above both (the most logits rows, their sorts) still decides.
+    assert WarmUpPeaks(prefill=gib, decode=5 * gib, graph_pool=2 * gib).activations == 5 * gib
+
+
+def test_planning_budgets_the_graph_pool_under_the_prefill_peak(tiny_llama, monkeypatch):
+    import pytest
+
+    from byzantium.engine import planning
+    from byzantium.engine.memory import WarmUpPeaks, physical_memory
+    _, path = tiny_llama
+    ram, mib = physical_memory(), 2**20
+    weights = Engine(path, max_num_seqs=2, max_model_len=64).memory["weights_bytes"]
+    peaks = WarmUpPeaks(prefill=40 * mib, decode=30 * mib, graph_pool=20 * mib)  # as a CUDA warm-up reports
+    monkeypatch.setattr(planning, "warm_up", lambda engine: peaks)
+    # A share that holds the weights and the larger peak with 10 MiB to spare, not the pool under the prefill.
+    with pytest.raises(ValueError, match=r"does not fit .*graph pool 0\.02 GiB"):
+        Engine(path, memory_fraction=(weights + 50 * mib) / ram, max_model_len=64)
+    roomy = Engine(path, memory_fraction=(weights + 70 * mib) / ram, max_model_len=64, max_num_seqs=10_000)
+    assert roomy.activations_bytes == 60 * mib
+    expected = 10 * mib / planning.block_bytes(roomy)  # what is left of the share once the pool is under it
+    assert abs(roomy.num_blocks - expected) <= 1  # the fraction's float rounding may cost one block
+
+
 def test_memory_fraction_bounds_weights_and_kv(tiny_llama):
     from byzantium.engine.memory import physical_memory
     model, path = tiny_llama

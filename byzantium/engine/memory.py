@@ -1,9 +1,11 @@
 """Memory planning: how many KV blocks an engine gets, and how models that share a device split it.
 
 An engine owns a share of its device (`memory_fraction`): its weights, the activations of its largest
-step (measured by a warm-up forward) and its KV cache together. Engines that share a device (LLMPool)
-split the pool's fraction: each model's weights first, then the rest in proportion to each model's KV
-bytes per token, so that every model can hold the same number of tokens.
+step (measured by a warm-up forward) and its KV cache together; on CUDA the activations are the largest
+prefill step's plus the decode graphs' memory pool, which stays reserved under it (WarmUpPeaks).
+Engines that share a device (LLMPool) split the pool's fraction: each model's weights first, then the
+rest in proportion to each model's KV bytes per token, so that every model can hold the same number of
+tokens.
 
 What one rank of a model holds, from its config.json's numbers (ModelFacts) before anything loads: the
 weights at a tensor-parallel size and weight dtype (rank_weight_bytes), and the K/V bytes of a token
@@ -27,6 +29,23 @@ def physical_memory():
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX: assume 16 GiB
         return 16 * 2**30
+
+
+@dataclass(frozen=True)
+class WarmUpPeaks:
+    """What a CUDA engine's warm-up measured beyond its weights and KV pool, in bytes: the most its largest
+    prefill step allocated, the most its largest decode step allocated (the step that captures the decode
+    CUDA graph, so the graph pool is inside it), and the graph pool's segments once captured."""
+    prefill: int
+    decode: int
+    graph_pool: int = 0
+
+    @property
+    def activations(self):
+        """Room to plan beside weights and KV. A captured graph's pool stays reserved for its replays, so
+        every prefill step after the first decode runs on top of it: the two add, and the larger of the
+        prefill peak and the decode peak would leave the pool out of the budget."""
+        return max(self.prefill + self.graph_pool, self.decode)
 
 
 def kv_blocks(total, fraction, weights, activations, free, block_bytes):

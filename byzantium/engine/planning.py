@@ -1,7 +1,7 @@
 """How many KV blocks an engine gets, and what it holds in memory (memory.py has the arithmetic)."""
 import torch
 
-from .memory import CPU_KV_RAM_SHARE, kv_blocks, physical_memory
+from .memory import CPU_KV_RAM_SHARE, WarmUpPeaks, kv_blocks, physical_memory
 from .sampling import SamplingParams
 
 
@@ -27,9 +27,11 @@ def plan_num_blocks(engine, fraction):
     """KV blocks from what is left of this engine's share of the device (`fraction` of its memory:
     weights, activations and KV together) once the weights are loaded and a warm-up forward at the
     largest step the scheduler forms (max_batch_tokens of prefill) has measured the activations, as
-    serving engines plan it. On CPU the share is of RAM and activations are not measured."""
+    serving engines plan it: on CUDA the prefill peak plus the decode graphs' pool (WarmUpPeaks). On CPU
+    the share is of RAM and activations are not measured."""
     engine.build_cache(-(-engine.max_batch_tokens // engine.block_size) + engine.max_num_seqs)
-    activations = warm_up(engine)
+    peaks = warm_up(engine)
+    activations = peaks.activations if peaks is not None else None
     engine.activations_bytes = activations
     weights = memory_held(engine)["weights_bytes"]
     if engine.device.type == "cuda":
@@ -43,7 +45,8 @@ def plan_num_blocks(engine, fraction):
     if blocks < 1:
         raise ValueError(f"{engine.model_dir} does not fit in memory_fraction={fraction} of the {engine.device} "
                          f"({total / 2**30:.1f} GiB): weights {weights / 2**30:.2f} GiB, activations "
-                         f"{(activations or 0) / 2**30:.2f} GiB leave nothing for the KV cache; raise "
+                         f"{(activations or 0) / 2**30:.2f} GiB{graph_pool_note(peaks)} leave nothing for "
+                         f"the KV cache; raise "
                          f"memory_fraction or lower max_batch_tokens")
     return min(blocks, enough_blocks(engine))
 
@@ -51,8 +54,8 @@ def plan_num_blocks(engine, fraction):
 def warm_up(engine):
     """Run the largest prefill step (dummy tokens, logits only) and, on CUDA, a sampled step of
     max_num_seqs single-token rows (the most logits rows, top-k/top-p sorts, the largest decode CUDA
-    graph); the most a step of them allocated beyond what it started with (CUDA; None elsewhere).
-    Leaves no trace in the stats."""
+    graph); WarmUpPeaks: the most each kind of step allocated beyond what it started with, and the
+    captured graphs' pool (CUDA; None elsewhere). Leaves no trace in the stats."""
     per = max(1, min(engine.max_model_len - 1, engine.max_batch_tokens))
     prompts, left = [], engine.max_batch_tokens
     while left > 0 and len(prompts) < engine.max_num_seqs:
@@ -61,19 +64,39 @@ def warm_up(engine):
     cuda = engine.device.type == "cuda"
     engine.step_peak.reset()
     engine.logits(prompts, tag="warm-up")
+    prefill = engine.step_peak.bytes
     if cuda:
+        engine.step_peak.reset()
         rows = SamplingParams(max_tokens=2, temperature=1.0, top_k=50, top_p=0.9, seed=0)
         engine.generate([[0]] * engine.max_num_seqs, rows, tag="warm-up")
     engine.reset_stats()
     if not cuda:
         return None
     torch.cuda.synchronize(engine.device)
-    return engine.step_peak.bytes
+    return WarmUpPeaks(prefill, engine.step_peak.bytes, graph_pool_bytes(engine))
+
+
+def graph_pool_bytes(engine):
+    """Bytes of the segments the allocator keeps for this engine's decode CUDA graphs (0 before any
+    capture, or without graphs). Read from the allocator's segments, not from what is allocated: the
+    blocks a capture freed stay in the pool, free to its replays only."""
+    graphs = getattr(engine.runner, "graphs", None)
+    pool = getattr(graphs, "pool", None)
+    if pool is None or engine.device.type != "cuda":
+        return 0
+    index = engine.device.index if engine.device.index is not None else torch.cuda.current_device()
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if s["device"] == index and tuple(s.get("segment_pool_id", ())) == tuple(pool))
+
+
+def graph_pool_note(peaks):
+    return f" (graph pool {peaks.graph_pool / 2**30:.2f} GiB of them)" if peaks and peaks.graph_pool else ""
 
 
 def memory_held(engine):
     """Bytes held: the weights, the KV pool (and how much of it is in use now), and on CUDA the peak
-    of everything else (activations, workspaces) one of this engine's steps allocated."""
+    of everything else (activations, workspaces) one of this engine's steps allocated and the segments
+    its decode graphs hold."""
     seen, weights = set(), 0
     packed = [m.packed for m in engine.model.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)]
     for t in [*engine.model.parameters(), *engine.model.buffers(), *packed]:
@@ -82,9 +105,11 @@ def memory_held(engine):
             seen.add(key)
             weights += t.numel() * t.element_size()
     kv = engine.kv_cache.numel() * engine.kv_cache.element_size()
-    peak = engine.step_peak.bytes if engine.device.type == "cuda" else None
+    cuda = engine.device.type == "cuda"
+    peak = engine.step_peak.bytes if cuda else None
     return {"weights_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": engine.num_blocks,
-            "kv_blocks_used": engine.block_manager.num_used, "activations_peak_bytes": peak}
+            "kv_blocks_used": engine.block_manager.num_used, "activations_peak_bytes": peak,
+            "graph_pool_bytes": graph_pool_bytes(engine) if cuda else None}
 
 
 class StepPeak:
