@@ -21,6 +21,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # return this many top log-probabilities per generated token
+    # the prompt tokens' log-probabilities (the first token has none), each with this many top ones
+    # (vLLM's prompt_logprobs); max_tokens 0 then computes the prompt only
+    prompt_logprobs: int | None = None
     # OpenAI's penalties on the tokens generated so far in this request: logit -= frequency * count
     # + presence * (count > 0). 0 = off (the default and the papers' setting).
     presence_penalty: float = 0.0
@@ -40,8 +43,10 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        least = 0 if self.prompt_logprobs is not None else 1  # 0 generates nothing: only for the prompt's logprobs
+        if not isinstance(self.max_tokens, int) or self.max_tokens < least:
+            raise ValueError(f"max_tokens must be an integer >= {least}, got {self.max_tokens!r}"
+                             + ("" if least == 0 else " (0 only with prompt_logprobs)"))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -50,6 +55,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0):
+            raise ValueError(f"prompt_logprobs must be an integer >= 0, got {self.prompt_logprobs!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")

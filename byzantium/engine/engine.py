@@ -14,6 +14,7 @@ import torch
 
 from ..kernels import backend_name, warn_once
 from . import config as settings
+from . import prompt_logprobs
 from .config import (DEFAULT_SPECULATIVE_ROWS, DEFAULT_SPECULATIVE_TOKENS, engine_config, resolve_device,
                      resolve_dtype)
 from .device_sampling import sample as device_sample
@@ -195,12 +196,16 @@ class Engine(SyncAPI):
         return next(self._ids)
 
     # -- the core: add requests, abort them, step, read outputs ----------------------------------------
-    def add_request(self, prompt, params=None, *, logits=False, tag=None):
+    def add_request(self, prompt, params=None, *, logits=False, tag=None, prompt_logprobs_from=1):
         """Queue one request and return its Sequence; step() advances it.
 
         prompt: text (tokenized as raw text, special tokens parsed), token ids, or a Session (the request
         is a turn that continues it). logits=True: one forward pass, the next-token logits in seq.logits,
-        no token sampled (params unused). tag labels the request in the stats."""
+        no token sampled (params unused). tag labels the request in the stats. With params.prompt_logprobs,
+        the prompt's log-probabilities from token prompt_logprobs_from on (prompt_logprobs.py)."""
+        asks_prompt = not logits and params is not None and getattr(params, "prompt_logprobs", None) is not None
+        if asks_prompt and isinstance(prompt, Session):
+            raise ValueError("prompt_logprobs are for plain prompts, not for a session's turns")
         if isinstance(prompt, Session):
             check_idle(prompt)
             seq = prompt.seq
@@ -218,8 +223,10 @@ class Engine(SyncAPI):
             what = f"{prompt}" if isinstance(prompt, Session) else "this request"
             self._check_room(min(len(seq) + params.max_tokens, self.max_model_len), what)
             grammar = self.grammars.start(params)  # its structured-output matcher (grammar.py); a bad one fails here
-            seq.start_turn(params, make_generator(params.seed, self.device))
+            seq.start_turn(params, make_generator(params.seed, self.device), logits_only=params.max_tokens == 0)
             seq.grammar = grammar
+            if asks_prompt:
+                prompt_logprobs.start(seq, params.prompt_logprobs, prompt_logprobs_from)
         if isinstance(prompt, Session) and seq.num_computed == len(seq):
             # Every token computed (after a logits call): recompute the last one to get its logits again.
             seq.num_computed -= 1
@@ -229,15 +236,19 @@ class Engine(SyncAPI):
         self.scheduler.add(seq)
         return seq
 
-    def add_requests(self, prompts, params=None, *, logits=False, tag=None):
-        """add_request for each prompt (one prompt, or a list; params: one for all, or one per prompt).
-        All or nothing: when one is invalid, those already queued are aborted and the error raised."""
+    def add_requests(self, prompts, params=None, *, logits=False, tag=None, prompt_logprobs_from=None):
+        """add_request for each prompt (one prompt, or a list; params: one for all, or one per prompt;
+        prompt_logprobs_from: None for 1, or one each). All or nothing: when one is invalid, those already
+        queued are aborted and the error raised."""
         prompts = prompt_list(prompts)
         params = [None] * len(prompts) if logits else params_list(params, len(prompts))
+        firsts = [1] * len(prompts) if prompt_logprobs_from is None else list(prompt_logprobs_from)
+        if len(firsts) != len(prompts):
+            raise ValueError(f"got {len(firsts)} prompt_logprobs_from for {len(prompts)} prompts")
         seqs = []
         try:
-            for prompt, p in zip(prompts, params):
-                seqs.append(self.add_request(prompt, p, logits=logits, tag=tag))
+            for prompt, p, first in zip(prompts, params, firsts):
+                seqs.append(self.add_request(prompt, p, logits=logits, tag=tag, prompt_logprobs_from=first))
         except BaseException:
             for seq in seqs:
                 self.abort(seq)
@@ -391,9 +402,11 @@ class Engine(SyncAPI):
         if seq.stop_text_at is not None:
             text = text[:seq.stop_text_at]
         cached = seq.turn_start if seq.pinned else (seq.num_cached_tokens or 0)
-        return RequestOutput(seq.seq_id, text, list(ids), seq.finish_reason, seq.output_start, cached,
+        reason = "length" if seq.finish_reason == "logits" and seq.params is not None else seq.finish_reason
+        return RequestOutput(seq.seq_id, text, list(ids), reason, seq.output_start, cached,
                              list(seq.logprobs) if seq.params and seq.params.logprobs is not None else None,
-                             seq.token_ids[:seq.output_start])
+                             seq.token_ids[:seq.output_start],
+                             list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None)
 
     def run_until_done(self, seqs):
         """Step until these requests end. When one fails, the others are aborted and its error raised."""

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..kernels import attention_ops
+from . import prompt_logprobs
 from .cuda_graphs import DecodeGraphs, FixedSplits
 
 
@@ -175,13 +176,18 @@ class ModelRunner:
         return self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32)
 
     def plan(self, rows):
-        """(StepPlan, seqs): the step as plain lists (what every tensor-parallel rank builds its tensors from)
-        and the sequences its logit rows belong to."""
+        """(StepPlan, seqs, asked): the step as plain lists (what every tensor-parallel rank builds its tensors
+        from), the sequences its logit rows belong to, and the (seq, position) of each logit row after those:
+        the positions whose logits give prompt log-probabilities (prompt_logprobs.py)."""
         rows = sorted(rows, key=lambda row: row.num_tokens > 1)  # stable: single-token rows first
         bs = self.block_size
-        step, seqs = StepPlan(), []
+        step, seqs, asked, asked_rows = StepPlan(), [], [], []
         for row in rows:
             seq, start, end = row.seq, row.start, row.end
+            offset = len(step.input_ids) - start
+            for p in prompt_logprobs.positions(row):  # after the step's own logit rows (see run)
+                asked.append((seq, p))
+                asked_rows.append(offset + p)
             step.input_ids.extend(seq.token_ids[start:end] if row.token is None else (row.token,))
             step.positions.extend(range(start, end))
             table = seq.block_table
@@ -196,7 +202,8 @@ class ModelRunner:
                 step.prefill_tokens.append(row.num_tokens)
                 step.prefill_lens.append(end)
                 step.prefill_tables.append(table)
-        return step, seqs
+        step.logit_rows += asked_rows
+        return step, seqs, asked
 
     def prepare(self, rows, pad_to=None):
         """Returns (input_ids, positions, meta, logit_rows, seqs): logit_rows are the packed indices of the
@@ -204,7 +211,7 @@ class ModelRunner:
 
         pad_to (a graphed step: single-token rows, StepBuffers): add padding rows up to that many, with
         slot -1 and length 0, and block tables max_blocks wide."""
-        step, seqs = self.plan(rows)
+        step, seqs, _ = self.plan(rows)
         return (*self.tensors(step, pad_to), step.logit_rows, seqs)
 
     def tensors(self, step, pad_to=None):
@@ -266,11 +273,16 @@ class ModelRunner:
         """One forward pass over the rows; returns (seqs, logits): the sequences that a row ends and their
         next-token logits (fp32, one row each, None when there are none); a sequence with draft rows comes
         once per row, in position order. Under tensor parallelism the other ranks get the plan first."""
-        step, seqs = self.plan(rows)
+        step, seqs, asked = self.plan(rows)
         bucket = self.graphs.bucket(rows) if self.graphs is not None else None
         if self.peers is not None:
-            return seqs, self.peers.together("run", step, lambda: self.execute(step, bucket))
-        return seqs, self.execute(step, bucket)
+            logits = self.peers.together("run", step, lambda: self.execute(step, bucket))
+        else:
+            logits = self.execute(step, bucket)
+        if asked:  # the prompt rows come last: they go to their sequences, the rest to the engine
+            prompt_logprobs.record(asked, logits[len(seqs):])
+            logits = logits[:len(seqs)] if seqs else None
+        return seqs, logits
 
     @torch.inference_mode()
     def execute(self, step, bucket=None):

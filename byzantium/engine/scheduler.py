@@ -17,6 +17,7 @@ rider that samples another token parts at once (the engine's postprocess: BlockM
 """
 from collections import deque
 
+from . import prompt_logprobs
 from .sequence import Row, Status
 from .speculation import draft_tokens, speculative_rows
 
@@ -99,7 +100,8 @@ class Scheduler:
         prompts = {}  # (logits only, tokens) -> a request admitted in this step whose row ends its prompt
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            twin = prompts.get((seq.logits_only, tuple(seq.token_ids))) if not (seq.block_table or seq.pinned) else None
+            alone = seq.block_table or seq.pinned or seq.prompt_logprobs_from is not None
+            twin = prompts.get((seq.logits_only, tuple(seq.token_ids))) if not alone else None
             if twin is not None:  # the same prompt: it rides on twin's row
                 self.waiting.popleft()
                 self.blocks.share(seq, twin)
@@ -112,6 +114,9 @@ class Scheduler:
             if budget <= 0:
                 break
             hits, hashes = ([], []) if seq.block_table else self.blocks.match_prefix(seq.token_ids)
+            cap = prompt_logprobs.cache_cap(seq, self.blocks.block_size)  # positions it needs logits of
+            if cap is not None:
+                hits, hashes = hits[:cap], hashes[:cap]
             computed = len(hits) * self.blocks.block_size if hits else seq.num_computed
             n = min(len(seq) - computed, budget)
             needed = -(-(computed + n) // self.blocks.block_size) - max(len(hits), len(seq.block_table))

@@ -34,6 +34,10 @@ class Sequence:
     error: BaseException | None = None  # why the request failed (finish_reason "error")
     ngrams: dict = field(default_factory=dict, repr=False)  # speculation.PromptLookup's index of this context
     ngrams_upto: int = 0  # tokens before this index are in `ngrams`
+    # Prompt log-probabilities (prompt_logprobs.py): asked from this position on, top k each; per position
+    prompt_logprobs_from: int | None = None
+    prompt_logprobs_k: int = 0
+    prompt_logprobs: list | None = None
 
     def __len__(self):
         return len(self.token_ids)

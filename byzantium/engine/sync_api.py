@@ -20,6 +20,9 @@ class RequestOutput:
     num_cached_tokens: int
     logprobs: list | None = None
     prompt_token_ids: list[int] = field(default_factory=list, repr=False)
+    # with SamplingParams.prompt_logprobs: per prompt token None (the first, or before the asked position)
+    # or {token_id: log-prob}: the top k of its position and the token itself
+    prompt_logprobs: list | None = field(default=None, repr=False)
 
 
 class Outputs(list):
@@ -117,6 +120,45 @@ class SyncAPI:
         logprobs = log_softmax_rows(logits)
         return [dict(zip(cands, logprobs[i, self.candidate_token_ids(cands)].tolist()))
                 for i, cands in enumerate(per_prompt)]
+
+    def loglikelihood(self, pairs, *, tag=None):
+        """For each (context, continuation) pair: (the log-probability of the continuation's tokens after the
+        context, whether greedy decoding gives exactly them). Pairs of token ids are taken as they are; text is
+        split as lm-eval does: the continuation is what encoding context + continuation adds after the
+        context's tokens. All pairs go in one batch; a context's blocks are computed once and shared by its
+        continuations through the prefix cache (only the continuations' positions need logits)."""
+        prompts, firsts = [], []
+        for context, continuation in pairs:
+            ctx, cont = self.split_pair(context, continuation)
+            prompts.append(ctx + cont)
+            firsts.append(len(ctx))
+        params = SamplingParams(max_tokens=0, prompt_logprobs=1)
+        seqs = self.run_until_done(self.add_requests(prompts, params, tag=tag, prompt_logprobs_from=firsts))
+        results = []
+        for seq, first in zip(seqs, firsts):
+            entries = [(seq.token_ids[p], seq.prompt_logprobs[p]) for p in range(first, seq.output_start)]
+            total = sum(entry[token] for token, entry in entries)
+            greedy = all(entry[token] >= max(entry.values()) for token, entry in entries)
+            results.append((total, greedy))
+        return results
+
+    def split_pair(self, context, continuation):
+        """(context ids, continuation ids) of a log-likelihood pair (see loglikelihood)."""
+        if isinstance(context, str) != isinstance(continuation, str):
+            raise TypeError("a log-likelihood pair is two strings or two lists of token ids, not one of each")
+        if isinstance(context, str):
+            ctx, whole = self.encode(context) if context else [], self.encode(context + continuation)
+            if whole[:len(ctx)] != ctx:
+                raise ValueError(f"context {context[-40:]!r} does not tokenize to a prefix of context + continuation")
+            ctx, cont = ctx, whole[len(ctx):]
+        else:
+            ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
+        if not ctx:
+            raise ValueError("the context has no tokens: the first token has no log-probability (begin it "
+                             "with the model's BOS or end-of-text token)")
+        if not cont:
+            raise ValueError("the continuation has no tokens")
+        return ctx, cont
 
     # -- sessions -----------------------------------------------------------------------------------
     def open_session(self, prompt, *, tag=None):
