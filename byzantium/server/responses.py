@@ -47,6 +47,28 @@ def completion_logprobs(tokenizer, token_ids, logprobs, top, as_ids, offset=0):
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
+def echo_logprobs(tokenizer, prompt_ids, prompt_logprobs, as_ids):
+    """The echoed prompt's part of completions logprobs (vLLM's shape): the first token's log-probability
+    and top are null; each later token's top holds its position's top k and the token itself."""
+    tokens, values, tops, offsets, offset = [], [], [], [], 0
+    for token_id, entry in zip(prompt_ids, prompt_logprobs):
+        text = _token_text(tokenizer, token_id, as_ids)
+        tokens.append(text)
+        values.append(None if entry is None else entry[token_id])
+        tops.append(None if entry is None else {_token_text(tokenizer, i, as_ids): lp for i, lp in
+                                                 sorted(entry.items(), key=lambda kv: -kv[1])})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+def vllm_prompt_logprobs(tokenizer, prompt_logprobs):
+    """vLLM's `prompt_logprobs` field: per prompt token null or {token id: {logprob, decoded_token}}."""
+    return [None if entry is None else
+            {str(i): {"logprob": lp, "decoded_token": _token_text(tokenizer, i, False)} for i, lp in entry.items()}
+            for entry in prompt_logprobs]
+
+
 def decode_keeping(tokenizer, token_ids, keep):
     """Generated text with special tokens skipped, except those in `keep` (id -> text: a tool call
     parser's markers, e.g. Mistral's [TOOL_CALLS]), which are written as their text."""

@@ -10,9 +10,10 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .guard import ARRIVAL, Guard
-from .responses import chat_logprobs, completion_logprobs, finish_reason, new_id, output_text
-from .schemas import (APIError, ChatRequest, CompletionRequest, SessionAppend, SessionContinue, SessionOpen,
-                      error_response, sampling_params, validation_error_response)
+from .responses import (chat_logprobs, completion_logprobs, echo_logprobs, finish_reason, new_id, output_text,
+                        vllm_prompt_logprobs)
+from .schemas import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, SessionAppend, SessionContinue,
+                      SessionOpen, TokenizeRequest, error_response, sampling_params, validation_error_response)
 from .state import Server
 from .streaming import stream_choices
 from .tool_parsers import parse_output
@@ -67,15 +68,46 @@ def add_routes(app: FastAPI, server: Server):
     async def model(model_id: str):
         return server.model(model_id).card()
 
+    # -- vLLM's tokenizer routes (lm-eval's local-completions probes them) ---------------------------------
+    def served_tokenizer(name):
+        if name is None and len(server.models) > 1:
+            raise APIError(400, f"name the model: this server serves {', '.join(server.models)}", param="model")
+        served = server.model(name if name is not None else next(iter(server.models)))
+        if served.llm.tokenizer is None:
+            raise APIError(400, f"model {served.name} has no tokenizer", param="model")
+        return served, served.llm.tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        served, tok = served_tokenizer(body.model)
+        server.check_chars(served, len(body.prompt), "prompt")
+        ids = await served.on_worker(lambda: tok.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        return {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        served, tok = served_tokenizer(body.model)
+        vocab = served.engine.engine.config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": await served.on_worker(lambda: tok.decode(body.tokens))}
+
     # -- completions ---------------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         served, arrival = server.model(body.model), arrival_of(request)
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported", param="echo")
-        sampling_params(body, body.max_tokens, body.logprobs, body.n - 1)  # a bad parameter: 400 before tokenizing
+        asked = body.prompt_logprobs_asked()  # computed in the batched prefill, prefix cache capped (README)
+        if body.stream and asked is not None:
+            raise APIError(400, "prompt log-probabilities (echo with logprobs, prompt_logprobs, max_tokens 0) "
+                                "are not streamed; send stream: false", param="stream")
+        if body.max_tokens == 0 and not body.echo and body.prompt_logprobs is None:
+            raise APIError(400, "max_tokens 0 needs echo or prompt_logprobs (nothing would be returned)",
+                           param="max_tokens")
+        sampling_params(body, body.max_tokens, body.logprobs, body.n - 1, prompt_logprobs=asked)  # 400 before tokenizing
         ids_list = await server.completion_prompts(served, body)
-        params = [[sampling_params(body, body.max_tokens, body.logprobs, i) for i in range(body.n)] for _ in ids_list]
+        params = [[sampling_params(body, body.max_tokens, body.logprobs, i, prompt_logprobs=asked)
+                   for i in range(body.n)] for _ in ids_list]
         tok = served.llm.tokenizer
         echo = [""] * len(ids_list)
         if body.echo and tok is not None:
@@ -88,6 +120,14 @@ def add_routes(app: FastAPI, server: Server):
             choice = {"index": i, "text": echo[i // body.n] + out.text, "finish_reason": finish_reason(out.finish_reason),
                       "logprobs": None if body.logprobs is None else completion_logprobs(
                           tok, out.token_ids, out.logprobs, body.logprobs, body.return_tokens_as_token_ids)}
+            if body.echo and body.logprobs is not None:  # the prompt's tokens first, then the generated ones
+                head, offset = echo_logprobs(tok, ids_list[i // body.n], out.prompt_logprobs,
+                                             body.return_tokens_as_token_ids)
+                tail = completion_logprobs(tok, out.token_ids, out.logprobs, body.logprobs,
+                                           body.return_tokens_as_token_ids, offset)
+                choice["logprobs"] = {key: head[key] + tail[key] for key in head}
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, out.prompt_logprobs)
             if body.return_token_ids:
                 choice.update(token_ids=out.token_ids, prompt_token_ids=ids_list[i // body.n])
             choices.append(choice)

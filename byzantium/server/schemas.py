@@ -2,7 +2,8 @@
 
 Bodies are pydantic models that ignore unknown fields; sampling_params turns one into the engine's
 SamplingParams. Extensions, named as vLLM names them where it has them: `return_token_ids`,
-`return_tokens_as_token_ids`, `top_k`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`, and a
+`return_tokens_as_token_ids`, `top_k`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`,
+`prompt_logprobs`, and a
 message's `"untrusted": true` (its content tokenized as plain text: no special tokens parsed). Chat
 bodies take OpenAI's tools, tool_choice and parallel_tool_calls (server/tools.py reads them).
 Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
@@ -18,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..backends.params import SamplingParams
 
 MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's limit)
-MAX_STOP = 4  # the most stop strings a request may give (OpenAI's limit)
+# the most stop strings a request may give: past OpenAI's 4, since lm-eval's local-completions sends a
+# task's whole `until` list plus the end-of-text token
+MAX_STOP = 16
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what a 64-bit generator seed holds
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's message roles
 
@@ -69,6 +72,7 @@ class Sampling(BaseModel):
     stream_options: dict | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's: the prompt tokens' log-probs
     # structured outputs: OpenAI's response_format, or vLLM's guided_* extensions (at most one of them)
     response_format: dict | None = None
     guided_json: dict | str | None = None
@@ -78,7 +82,7 @@ class Sampling(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _at_most_four_stops(cls, stop):
+    def _few_stops(cls, stop):
         if isinstance(stop, list) and len(stop) > MAX_STOP:
             raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stop)}")
         return stop
@@ -86,9 +90,32 @@ class Sampling(BaseModel):
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions; 0 with echo or prompt_logprobs
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+
+    def prompt_logprobs_asked(self):
+        """How many top log-probabilities each prompt token gets, or None: vLLM's prompt_logprobs, else
+        echo with logprobs (the echoed prompt's tokens are listed with theirs), else 0 when max_tokens is 0
+        (the prompt alone is computed)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        if self.echo and self.logprobs is not None:
+            return self.logprobs
+        return 0 if self.max_tokens == 0 else None
+
+
+class TokenizeRequest(BaseModel):  # vLLM's /tokenize
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):  # vLLM's /detokenize
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
 
 
 class Function(BaseModel):  # a tool: a function the model may call
@@ -161,7 +188,7 @@ class SessionContinue(Sampling):
 
 
 
-def sampling_params(body, max_tokens, logprobs, index=0, tool_grammar=None):
+def sampling_params(body, max_tokens, logprobs, index=0, tool_grammar=None, prompt_logprobs=None):
     """SamplingParams of choice `index`: with a seed, choice i samples with seed + i (distinct choices).
     tool_grammar: the grammar that forces a tool call (server/tools.py), in place of response_format."""
     if body.seed is not None and body.seed + index > SEED_MAX:
@@ -173,6 +200,7 @@ def sampling_params(body, max_tokens, logprobs, index=0, tool_grammar=None):
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             seed=None if body.seed is None else body.seed + index, stop=body.stop,
             stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, **constraint)
     except ValueError as error:  # the engine's own checks: name the field its message names
         if constraint and any(k in str(error) for k in ("schema", "json", "regex", "choice", "grammar")):
