@@ -426,14 +426,14 @@ def test_seed_bounds(client, http):
         client.completions.create(model=TINY, prompt=[1, 2, 3], max_tokens=1, seed=2 ** 64)
 
 
-def test_at_most_four_stop_strings(client, http):
-    kw = dict(model=TINY, prompt=[1, 2, 3], max_tokens=1)
-    assert client.completions.create(stop=["a", "b", "c", "d"], **kw).choices[0].finish_reason == "length"
+def test_at_most_sixteen_stop_strings(client, http):
+    kw, allowed, too_many = dict(model=TINY, prompt=[1, 2, 3], max_tokens=1), list("abcdefghijklmnop"), list("abcdefghijklmnopq")
+    assert client.completions.create(stop=allowed, **kw).choices[0].finish_reason == "length"
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(stop=["a", "b", "c", "d", "e"], **kw)
+        client.completions.create(stop=too_many, **kw)
     assert refused.value.body["param"] == "stop"
     check_error(http.post("/v1/chat/completions", json={"model": TINY, "messages": [{"role": "user", "content": "x"}],
-                                                        "stop": list("abcde")}), 400, param="stop")
+                                                        "stop": too_many}), 400, param="stop")
 
 
 def test_shutdown_gives_requests_in_flight_a_bounded_time(tiny):
