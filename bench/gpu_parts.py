@@ -30,7 +30,8 @@ PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"]
 COLLECT = ["--collect-only"]  # the CPU variant of a test part: the files and selections exist
 TRITON_TESTS = ["tests/test_kernels.py", "tests/test_window_attention.py", "tests/test_moe.py", "tests/test_fp8.py",
                 "tests/test_fp8_experts.py", "-k", "TestTriton"]
-GRAPH_TESTS = ["tests/test_cuda_step.py", "tests/test_device_sampling.py"]
+GRAPH_TESTS = ["tests/test_cuda_step.py", "tests/test_device_sampling.py",
+               "tests/test_engine_memory.py::test_cuda_planning_holds_the_warm_up_graph_pool"]
 CUDA_MODEL_TESTS = ["tests/test_llama4.py", "tests/test_cuda_parity.py", "tests/test_fp8.py", "-k", "cuda"]
 TP_TESTS = ["tests/test_tensor_parallel.py", "-k", "gpus"]
 
@@ -42,7 +43,7 @@ PARTS = [
     (2, "engine greedy parity and decode throughput vs transformers (random Qwen3-0.6B shape), attention kernels", 80,
      [PY, "bench/gpu_check.py", "--skip-tests", "--out", "{out}"],
      [PY, "bench/gpu_check.py", "--smoke", "--skip-tests", "--out", "{out}"]),
-    (3, "CUDA graphs vs eager decode, device sampling: their tests on CUDA", 50,
+    (3, "CUDA graphs vs eager decode, device sampling, the graph pool in memory planning: their tests on CUDA", 50,
      PYTEST + GRAPH_TESTS, PYTEST + COLLECT + GRAPH_TESTS),
     (4, "FP8 linear (torch._scaled_mm) vs bf16 F.linear at 70B shapes: error and time", 30,
      [PY, "bench/fp8_check.py", "--iters", "10", "--out", "{out}"],

@@ -1,4 +1,5 @@
 """Memory: the CPU KV pool costs resident memory only for the blocks written; Engine.memory reports it."""
+import pytest
 import torch
 
 from byzantium import Engine
@@ -70,8 +71,6 @@ def test_the_graph_pool_adds_to_the_prefill_peak():
 
 
 def test_planning_budgets_the_graph_pool_under_the_prefill_peak(tiny_llama, monkeypatch):
-    import pytest
-
     from byzantium.engine import planning
     from byzantium.engine.memory import WarmUpPeaks, physical_memory
     _, path = tiny_llama
@@ -135,3 +134,20 @@ def test_two_engines_in_one_pool_respect_their_budgets(tiny_models):
             assert "not in this pool's memory plan" in str(error)
         else:
             raise AssertionError("a model outside the plan was loaded")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_planning_holds_the_warm_up_graph_pool(tiny_models, monkeypatch):
+    """On a GPU: the warm-up's decode step captures a graph whose pool keeps allocator segments, and the
+    activations planned put that pool under the prefill peak; a serving engine reports its own pool."""
+    from byzantium import SamplingParams
+    from byzantium.engine import planning
+    _, path = tiny_models["qwen3"]
+    measured, warm_up = [], planning.warm_up
+    monkeypatch.setattr(planning, "warm_up", lambda engine: measured.append(warm_up(engine)) or measured[-1])
+    engine = Engine(path, device="cuda", dtype="float32", max_num_seqs=16, max_model_len=128)
+    (peaks,) = measured
+    assert peaks.graph_pool > 0 and peaks.prefill > 0, peaks
+    assert engine.activations_bytes == peaks.activations >= peaks.prefill + peaks.graph_pool
+    engine.generate(random_prompts([5, 9, 12]), SamplingParams(max_tokens=4))
+    assert engine.describe()["cuda_graphs"]["captured"] and engine.memory["graph_pool_bytes"] > 0
