@@ -1,0 +1,1 @@
+"""Evaluation harness adapters (lm-evaluation-harness: lm_eval_model.py)."""
