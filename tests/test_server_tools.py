@@ -102,8 +102,8 @@ def valid_call(call):
 
 
 def ask(client, messages=ASK, **kw):
-    kw = {"temperature": 1.0, "seed": 7, "max_tokens": 120, **kw}
-    return client.chat.completions.create(model=TOOLS_MODEL, messages=messages, tools=TOOLS, **kw)
+    kw = {"temperature": 1.0, "seed": 7, "max_tokens": 120, "tools": TOOLS, **kw}
+    return client.chat.completions.create(model=TOOLS_MODEL, messages=messages, **kw)
 
 
 # -- the round trip ------------------------------------------------------------------------------------------
@@ -398,3 +398,74 @@ def test_the_serve_flag_names_a_parser():
         ap.parse_args(["--tool-call-parser", "pythonic"])
     with pytest.raises(ValueError, match="unknown tool call parser"):
         Server({"m": None}, tool_parser="pythonic")
+
+
+# -- forced calls end within max_tokens ----------------------------------------------------------------------
+def least_call_tokens(tool):
+    """Tokens of the shortest call to `tool` in the Hermes format (the closing's own reading of it)."""
+    from byzantium.engine.json_closing import JsonPrefix
+    from byzantium.engine.json_schema_closing import closing
+    from byzantium.server.tools import call_schema
+    least = closing(JsonPrefix(), call_schema([tool], "arguments"))
+    return len(tokenizer_of_model().encode(f"<tool_call>\n{least}\n</tool_call>"))
+
+
+def tokenizer_of_model():
+    from transformers import AutoTokenizer
+    from byzantium.engine.loader import resolve_model
+    return AutoTokenizer.from_pretrained(resolve_model(MODEL))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_calls_close_within_max_tokens(client, parallel):
+    """Budgets from the shortest call's length up: a named call always comes back whole, and with
+    `required` and parallel calls every call is whole and no cut markup is returned as content."""
+    least = least_call_tokens(TIME)
+    choice = {"type": "function", "function": {"name": "get_time"}} if not parallel else "required"
+    for extra in (0, 3, 9, 17, 30):
+        for seed in range(2):
+            reply = ask(client, tools=[TIME], tool_choice=choice, parallel_tool_calls=parallel,
+                        max_tokens=least + extra, seed=seed)
+            (choice0,) = reply.choices
+            assert choice0.message.content is None, (extra, choice0)
+            # "length" where the budget closed the call early (as a JSON schema's answer closed so)
+            assert choice0.message.tool_calls and choice0.finish_reason in ("tool_calls", "length"), (extra, choice0)
+            for call in choice0.message.tool_calls:
+                valid_call(call)
+            assert reply.usage.completion_tokens <= least + extra
+            streamed_content, calls, finish = streamed(client, tools=[TIME], tool_choice=choice,
+                                                       parallel_tool_calls=parallel, max_tokens=least + extra, seed=seed)
+            assert not streamed_content and finish == choice0.finish_reason
+            assert [c["arguments"] for c in calls] == [c.function.arguments for c in choice0.message.tool_calls]
+
+
+def test_a_budget_below_any_call_returns_no_markup(client):
+    reply = ask(client, tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=12)
+    (choice0,) = reply.choices
+    assert choice0.message.content is None and not choice0.message.tool_calls and choice0.finish_reason == "length"
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+def test_every_prefix_of_calls_closes_into_calls(name):
+    """call_closing, on each prefix of two calls as each family's grammar writes them, gives a text the
+    family's parser reads as calls only (content None), each valid under its tool."""
+    from byzantium.engine.tool_call_closing import call_format, call_closing
+    from byzantium.server.tool_parsers import PARSERS, split
+    from byzantium.server.tools import call_grammar
+    parser = PARSERS[name]
+    fmt = call_format(call_grammar(parser, TOOLS, False, {}))
+    key = "parameters" if name == "llama3_json" else "arguments"
+    calls = [{"name": "get_weather", key: {"city": 'Pa\u00efs "x"', "unit": "celsius"}},
+             {"name": "get_time", key: {"zone": "CET"}}]
+    if name == "mistral":
+        text = fmt["start"] + json.dumps(calls, ensure_ascii=False)
+    else:
+        text = fmt["sep"].join(fmt["start"] + json.dumps(c, ensure_ascii=False) + fmt["end"] for c in calls)
+    for k in range(len(text) + 1):
+        closing = call_closing(fmt, text[:k])
+        assert closing is not None, text[:k]
+        content, got = split(parser, text[:k] + closing)
+        assert content is None and got, text[:k] + closing
+        for call in got:
+            arguments = json.loads(call["arguments"])
+            assert call["name"] in ("get_weather", "get_time") and isinstance(arguments, dict)

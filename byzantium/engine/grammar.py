@@ -21,7 +21,8 @@ takes regexes and Lark grammars as well (GBNF is converted), so `grammar` came f
 are compiled without flexible whitespace (", " and ": " between items, no newlines): a small model
 given free whitespace can emit it forever. A schema's own "x-guidance" options override that. A schema's
 objects take only the properties they name unless they say otherwise (backends/strict_schema.py), and
-JSON mode and JSON schemas end within max_tokens, their JSON whole (JsonCloser).
+JSON mode and JSON schemas end within max_tokens, their JSON whole (JsonCloser), and so do forced tool
+calls (tool_call_closing.py).
 
 Speculation (speculation.py) needs nothing more: its draft tokens are only inputs, every token kept is a
 sampled one, drawn row after row from the grammar's mask for the state advanced through the tokens
@@ -41,6 +42,7 @@ import torch
 from .json_closing import JsonPrefix
 from .json_schema_closing import closing as schema_closing
 from .json_schema_closing import members
+from .tool_call_closing import ToolCallCloser
 
 INSTALL = ("structured outputs (SamplingParams json_schema, json_object, regex, choice, grammar) need the "
            "llguidance package: pip install 'byzantium[structured]'")
@@ -215,6 +217,8 @@ class Grammars:
                 self.reserves[spec] = JsonCloser.RESERVE + max(
                     [len(self.tokenizer.tokenize_str(t)) for t in members(schema)], default=0)
             closer = JsonCloser(self.tokenizer, schema, self.reserves[spec])
+        elif spec[0] == "grammar":  # a forced tool call's grammar ends within max_tokens too
+            closer = ToolCallCloser.of(self.tokenizer, spec[1], self.eos_token_ids)
         return GrammarState(matcher, closer)
 
 

@@ -161,7 +161,7 @@ def add_routes(app: FastAPI, server: Server):
             message, reason = {"role": "assistant", "content": out.text}, finish_reason(out.finish_reason)
             if tools is not None and tools.parser is not None:
                 text = output_text(served.llm.tokenizer, out, params[0][i].stop, tools.keep)
-                content, calls = parse_output(tools.parser, text, tools.single)
+                content, calls = parse_output(tools.parser, text, tools.single, tools.grammar is not None)
                 message["content"] = content
                 if calls:
                     message["tool_calls"] = calls

@@ -39,7 +39,7 @@ def stream_choices(server, served, body, ids_list, params, object_name, arrival,
     async def run(index, ids, p):
         keep = tools.keep if tools is not None else None
         text = TextStream(tok, p.stop, keep)
-        calls = ToolStream(tools.parser, tools.single) if tools is not None and tools.parser else None
+        calls = ToolStream(tools.parser, tools.single, tools.grammar is not None) if tools is not None and tools.parser else None
         sent_tokens = 0
         try:
             async with aclosing(server.tracked(served, ids, p, arrival, index % n == 0)) as seqs:

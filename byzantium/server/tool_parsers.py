@@ -170,18 +170,19 @@ def tool_call(parser, call):
             "function": {"name": call["name"], "arguments": call["arguments"]}}
 
 
-def split(parser, text, single=False):
+def split(parser, text, single=False, forced=False):
     """(content, calls) of a whole text: content is the text outside calls; with calls, whitespace only
-    is None. single: the first call only (parallel_tool_calls false)."""
+    is None. single: the first call only (parallel_tool_calls false). forced: the grammar allowed calls
+    only, so any text outside them is a call cut by max_tokens, never content (None)."""
     items, _ = parser.parse(text, final=True)
     calls = [item for item in items if isinstance(item, dict)][:1 if single else None]
     content = "".join(item for item in items if isinstance(item, str))
-    return (content if content.strip() or not calls else None), calls
+    return (content if (content.strip() or not calls) and not forced else None), calls
 
 
-def parse_output(parser, text, single=False):
+def parse_output(parser, text, single=False, forced=False):
     """(content, OpenAI tool_calls) of a whole output."""
-    content, calls = split(parser, text, single)
+    content, calls = split(parser, text, single, forced)
     return content, [tool_call(parser, c) for c in calls]
 
 
@@ -190,8 +191,8 @@ class ToolStream:
     whitespace held, dropped at the end when it is all the content of an answer with calls), and each
     call as two deltas once complete: index, id, type and name first, then its arguments."""
 
-    def __init__(self, parser, single=False):
-        self.parser, self.single = parser, single
+    def __init__(self, parser, single=False, forced=False):
+        self.parser, self.single, self.forced = parser, single, forced  # forced: no content (split)
         self.text, self.sent, self.calls = "", 0, 0
 
     def feed(self, delta, final=False):
@@ -199,7 +200,7 @@ class ToolStream:
         self.text += delta
         items, _ = self.parser.parse(self.text, final)
         calls = [item for item in items if isinstance(item, dict)][:1 if self.single else None]
-        content = "".join(item for item in items if isinstance(item, str))
+        content = "" if self.forced else "".join(item for item in items if isinstance(item, str))
         if not final:
             content = content.rstrip()
         elif not content.strip() and calls:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..backends.strict_schema import strict
 from ..engine.grammar import JSON_OPTIONS  # JSON without free whitespace, as every schema is compiled
+from ..engine.tool_call_closing import closing_comment
 from .schemas import APIError, structured
 from .tool_parsers import PARSERS
 
@@ -174,15 +175,20 @@ def call_grammar(parser, tools, single, markers):
         return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
 
     more = "" if single else " (sep call)*"
-    if parser.name == "hermes":
-        call = f'{literal(parser.start)} "\\n" {json_rule(call_schema(tools, "arguments"))} "\\n" {literal(parser.end)}'
-        return f'%llguidance {{}}\nstart: call{more}\nsep: "\\n"\ncall: {call}\n'
+    if parser.name == "hermes":  # the first line: how the engine closes a call within max_tokens
+        schema = call_schema(tools, "arguments")
+        call = f'{literal(parser.start)} "\\n" {json_rule(schema)} "\\n" {literal(parser.end)}'
+        return (closing_comment(parser.start + "\n", "\n" + parser.end, "\n", schema, single)
+                + f'%llguidance {{}}\nstart: call{more}\nsep: "\\n"\ncall: {call}\n')
     if parser.name == "llama3_json":
-        return f'%llguidance {{}}\nstart: call{more}\nsep: "; "\ncall: {json_rule(call_schema(tools, "parameters"))}\n'
+        schema = call_schema(tools, "parameters")
+        return (closing_comment("", "", "; ", schema, single)
+                + f'%llguidance {{}}\nstart: call{more}\nsep: "; "\ncall: {json_rule(schema)}\n')
     schema = {"type": "array", "items": call_schema(tools, "arguments"), "minItems": 1}
     if single:
         schema["maxItems"] = 1
-    return f"%llguidance {{}}\nstart: {literal(parser.start)} {json_rule(schema)}\n"
+    return (closing_comment(parser.start, "", "", schema, True)
+            + f"%llguidance {{}}\nstart: {literal(parser.start)} {json_rule(schema)}\n")
 
 
 def check(grammar):
