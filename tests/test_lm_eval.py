@@ -48,6 +48,7 @@ def tasks(tmp_path_factory):
 
 
 def evaluate(model, model_args, task_manager, task):
+    import lm_eval.models  # noqa: F401 - registers hf
     import byzantium.eval.lm_eval_model  # noqa: F401 - registers "byzantium"
     return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=[task], task_manager=task_manager,
                                    log_samples=True, batch_size=4, device="cpu")
