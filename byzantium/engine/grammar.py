@@ -75,10 +75,45 @@ def grammar_text(llguidance, kind, text):
     if kind == "json_schema":
         return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
     if kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(text)
+        return llguidance.LLMatcher.grammar_from_regex(ascii_digits(text))
     if kind in ("choice", "grammar"):  # a JSON list of strings; a Lark grammar, or GBNF
         return llguidance.grammar_from(kind, text)
     raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+def ascii_digits(regex):
+    """`regex` with \\d as [0-9] and \\D as [^0-9]: the grammar engine's \\d is Unicode's (Python's re and
+    JSON Schema patterns mean ASCII digits, and a model at T=0 did write other scripts' digits). Inside a
+    class, \\d becomes 0-9; \\D there is left as it is (a class cannot hold a negation)."""
+    out, in_class, i = [], False, 0
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\" and i + 1 < len(regex):
+            escaped = regex[i + 1]
+            if escaped == "d":
+                out.append("0-9" if in_class else "[0-9]")
+            elif escaped == "D" and not in_class:
+                out.append("[^0-9]")
+            else:
+                out.append(char + escaped)
+            i += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+            out.append(char)
+            if regex[i + 1:i + 2] == "^":  # a negation, then a leading "]" is a member
+                out.append("^")
+                i += 1
+            if regex[i + 1:i + 2] == "]":
+                out.append("]")
+                i += 1
+        elif char == "]" and in_class:
+            in_class = False
+            out.append(char)
+        else:
+            out.append(char)
+        i += 1
+    return "".join(out)
 
 
 class GrammarState:

@@ -138,6 +138,17 @@ class Track:
             return stats.origin + records[-1].start_ns / 1e9
         return now
 
+    def end_unstarted(self, prompt):
+        """Count a request given up before the engine's first step told of it (the client gone, the
+        shutdown): an abort, with its prompt tokens (token ids; a session turn's are not known here)."""
+        if self.ended:
+            return
+        self.ended = True
+        m, name = self.metrics, self.served.name
+        m.success.labels(name, "abort").inc()
+        if self.count_prompt and isinstance(prompt, (list, tuple)):
+            m.prompt_tokens.labels(name).inc(len(prompt))
+
     def end(self, seq):
         """Count the request: its end reason, its tokens (those it had, when aborted), and its latencies
         when it finished. seq None: it never reached the engine (refused), nothing to count."""

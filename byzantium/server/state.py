@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from .tool_parsers import PARSERS
 from .tools import default_tools_template, template_fields, tools_template_kwargs
 
 KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
+MAX_MESSAGES = 2048  # messages of one chat: rendering this many tiny ones takes a fraction of a second
 TOKEN_CHARS_FALLBACK = 64  # characters a token may cover, for a tokenizer whose vocabulary cannot be read
 
 # One worker thread per tokenizer: tokenizing and chat-template rendering leave the event loop, and the
@@ -132,6 +134,17 @@ class Server:
                                 f"it was refused without being tokenized. Please reduce the length.",
                            param=param, code="context_length_exceeded")
 
+    @staticmethod
+    def check_message_count(served, count, param):
+        """A chat of more messages than MAX_MESSAGES (or than the context has tokens: each message renders
+        to one at least) is refused before the template renders it, which would hold the model's
+        tokenizer thread, and every other chat to that model, for seconds."""
+        limit = min(MAX_MESSAGES, served.max_model_len)
+        if count > limit:
+            raise APIError(400, f"a chat may have at most {limit} messages for model `{served.name}` "
+                                f"(limit {MAX_MESSAGES}, or its context of {served.max_model_len} tokens); "
+                                f"got {count}", param=param, code="too_many_messages")
+
     def session(self, session_id):
         """(Served, Session) of an open session; 404 when it was closed or never opened."""
         if session_id not in self.sessions:
@@ -181,6 +194,7 @@ class Server:
 
     async def chat_ids(self, served, messages, template_kwargs, max_tokens=None, param="messages", tools=None):
         """Token ids of a chat under the model's template; tools: those offered, rendered by the template."""
+        self.check_message_count(served, len(messages), param)
         conversation, chars = [], 0
         for i, m in enumerate(messages):
             if m.role not in ROLES:
@@ -198,7 +212,9 @@ class Server:
                        **template_fields(m)}
             if m.untrusted is not None:
                 message["untrusted"] = m.untrusted
-            chars += len(message["content"])
+            # the whole message counts, not its content only: calls, names and ids are rendered too
+            chars += len(message["content"]) + sum(len(json.dumps(v, ensure_ascii=False))
+                                                   for k, v in message.items() if k not in ("content", "role"))
             conversation.append(message)
         if served.llm.tokenizer is None:
             raise APIError(400, f"model `{served.name}` has no tokenizer, so no chat template", param="model")
@@ -237,6 +253,10 @@ class Server:
                 async for seq in stream:
                     track.observe(seq)
                     yield seq
+        except (asyncio.CancelledError, GeneratorExit):
+            if seq is None:  # given up before its first step: counted as an abort all the same
+                track.end_unstarted(prompt)
+            raise
         finally:
             track.end(seq)
 
