@@ -350,12 +350,32 @@ def add_model_split_args(ap):
                          "FP8 checkpoints (compressed-tensors) load as FP8 without it")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None,
                     help="native: fp8 stores K/V as e4m3 (half the KV memory of bf16); default: the model's dtype")
+    ap.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                    help="native: each model's KV cache (e.g. 2GiB, 512MiB; a bare number is GiB), reserved at "
+                         "start; default: 2 GiB per model on the CPU (serve reserves it at start), planned from "
+                         "--memory-fraction on CUDA")
+
+
+UNITS = {"": 1.0, "g": 1.0, "gb": 1.0, "gib": 1.0, "m": 2**-10, "mb": 2**-10, "mib": 2**-10, "t": 2**10, "tb": 2**10,
+         "tib": 2**10}  # in GiB; GB and MB read as GiB and MiB, as vLLM's KV space does
+
+
+def parse_memory(text) -> float:
+    """--kv-cache-memory's SIZE in GiB; a clear error naming the flag for what is not a size > 0."""
+    import re
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match and UNITS.get(match.group(2).lower())
+    if not unit or not float(match.group(1)) > 0:
+        raise ValueError(f"--kv-cache-memory must be a size > 0 such as 2GiB, 512MiB or 1.5 (GiB), got {text!r}")
+    return float(match.group(1)) * unit
 
 
 def split_kwargs(args) -> dict:
     """The engine options of add_model_split_args's flags that were given."""
     names = ("tensor_parallel_size", "quantization", "kv_cache_dtype")
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if getattr(args, "kv_cache_memory", None) is not None:
+        kwargs["kv_cache_gib"] = parse_memory(args.kv_cache_memory)
     if kwargs.get("tensor_parallel_size", 1) < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {kwargs['tensor_parallel_size']}")
     return kwargs
@@ -379,7 +399,8 @@ def pool_kwargs(args) -> dict:
         split = split_kwargs(args)
         if args.backend != "native" and (fraction is not None or eager or speculative is not None or split):
             raise ValueError(f"--memory-fraction, --enforce-eager, --num-speculative-tokens, --tensor-parallel-size, "
-                             f"--quantization and --kv-cache-dtype are for --backend native, not {args.backend}")
+                             f"--quantization, --kv-cache-dtype and --kv-cache-memory are for --backend native, "
+                             f"not {args.backend}")
         kwargs.update(split)
         if speculative is not None:
             if speculative < 0:
@@ -395,7 +416,7 @@ def pool_kwargs(args) -> dict:
             kwargs.update(ray=ray, ray_replicas=args.ray_replicas, ray_gpus_per_replica=args.ray_gpus_per_replica)
         return kwargs
     for flag in ("memory_fraction", "enforce_eager", "num_speculative_tokens", "tensor_parallel_size", "quantization",
-                 "kv_cache_dtype"):
+                 "kv_cache_dtype", "kv_cache_memory"):
         if getattr(args, flag, None) not in (None, False):
             raise ValueError(f"--{flag.replace('_', '-')} is for --backend native: the server plans its own memory")
     if not getattr(args, "base_url", None):

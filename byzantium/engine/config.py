@@ -31,7 +31,9 @@ class EngineConfig:
     max_batch_tokens: int | None = None  # tokens in one step; None: 8192 on CUDA, 2048 on the CPU
     attention_backend: str = "auto"  # kernels.ATTENTION_BACKENDS
     max_model_len: int | None = None  # None: the model's context
-    kv_cache_gib: float | None = None  # the KV pool's size, instead of num_blocks
+    # the KV pool's size, instead of num_blocks: reserved at start (CPU: every page written then); None:
+    # planned on CUDA, 2 GiB on the CPU taken as blocks are first written (memory.DEFAULT_CPU_KV_GIB)
+    kv_cache_gib: float | None = None
     cpu_packed_linears: bool = True  # CPU: linears on repacked weights (layers/linear.py)
     cpu_kernels: bool = True  # CPU: Byzantium's compiled kernels (kernels/cpu_ext.py)
     profile: bool = False  # a step with prefill and decode rows runs them as two timed passes
@@ -57,6 +59,9 @@ class EngineConfig:
             raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; known: {', '.join(KV_CACHE_DTYPES)}")
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
+        gib = self.kv_cache_gib
+        if gib is not None and (isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0):
+            raise ValueError(f"kv_cache_gib must be a number of GiB > 0, got {gib!r}")
 
 
 def engine_config(model, options):

@@ -101,7 +101,8 @@ class Engine(SyncAPI):
         self.num_blocks = num_blocks
         self.kv_cache = None  # the old pool (planning's warm-up) goes before the new one is allocated
         self.kv_cache = allocate_kv_cache(self.config.num_hidden_layers, num_blocks, self.block_size,
-                                          self.model.num_kv_heads, self.model.head_dim, self.kv_cache_dtype, self.device)
+                                          self.model.num_kv_heads, self.model.head_dim, self.kv_cache_dtype, self.device,
+                                          reserve=self.engine_config.kv_cache_gib is not None)
         self.block_manager = BlockManager(num_blocks, self.block_size)
         self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens, self.drafter,
                                    self.max_model_len)

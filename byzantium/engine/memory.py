@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 DEFAULT_MEMORY_FRACTION = 0.9  # an engine alone on a GPU plans weights + activations + KV in 90 % of it
-CPU_KV_RAM_SHARE = 0.25  # the most of the machine's RAM one engine's KV pool may grow into on CPU
+DEFAULT_CPU_KV_GIB = 2.0  # one engine's KV pool on CPU when no budget is given: a fixed size a user can predict
 PLANNING_MARGIN = 256 * 2**20  # left free on the device beyond the plan (allocator slack, other libraries)
 
 

@@ -1,7 +1,7 @@
 """How many KV blocks an engine gets, and what it holds in memory (memory.py has the arithmetic)."""
 import torch
 
-from .memory import CPU_KV_RAM_SHARE, WarmUpPeaks, kv_blocks, physical_memory
+from .memory import DEFAULT_CPU_KV_GIB, WarmUpPeaks, kv_blocks, physical_memory
 from .sampling import SamplingParams
 
 
@@ -16,10 +16,8 @@ def enough_blocks(engine):
 
 
 def default_num_blocks(engine, kv_cache_gib):
-    if kv_cache_gib is not None:
-        budget = kv_cache_gib * 2**30
-    else:  # the pool's pages cost memory only once written (allocate_kv_cache); cap the worst case
-        budget = CPU_KV_RAM_SHARE * physical_memory()
+    """Blocks of a KV budget of kv_cache_gib (default DEFAULT_CPU_KV_GIB), no more than the run can use."""
+    budget = (DEFAULT_CPU_KV_GIB if kv_cache_gib is None else kv_cache_gib) * 2**30
     return max(1, min(int(budget // block_bytes(engine)), enough_blocks(engine)))
 
 

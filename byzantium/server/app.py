@@ -14,6 +14,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..backends import LLMPool, add_model_split_args, check_model, split_kwargs
+from ..engine.config import resolve_device
+from ..engine.memory import DEFAULT_CPU_KV_GIB
 from .routes import add_routes
 from .state import Server
 from .tool_parsers import PARSERS
@@ -133,9 +135,20 @@ def cmd_serve(args):
     engine = {k: v for k, v in (("device", args.device), ("dtype", args.dtype),
                                 ("num_speculative_tokens", args.num_speculative_tokens)) if v is not None}
     engine.update(split)
+    if "kv_cache_gib" not in engine and resolve_device(args.device).type == "cpu":
+        engine["kv_cache_gib"] = DEFAULT_CPU_KV_GIB  # given, so reserved at start: resident memory stays flat
     serve(models, args.host, args.port, args.api_key, args.max_waiting, int(args.max_body_mb * (1 << 20)),
           args.max_sessions, args.shutdown_timeout, getattr(args, "tool_call_parser", None),
           max_num_seqs=args.max_num_seqs, chat_template=chat_template, **engine)
+
+
+def kv_cache_line(name, llm):
+    """What a model's KV cache holds, said at start: its size and the tokens it has room for."""
+    engine = llm.engine.engine
+    size = engine.kv_cache.numel() * engine.kv_cache.element_size()
+    how = "reserved" if engine.engine_config.kv_cache_gib is not None or engine.device.type != "cpu" else "at most"
+    return (f"{name}: KV cache {size / 2**30:.2f} GiB {how} on {engine.device}, room for "
+            f"{engine.num_blocks * engine.block_size:,} tokens ({engine.num_blocks} blocks of {engine.block_size})")
 
 
 def read_chat_template(path):
@@ -156,9 +169,10 @@ def serve(models, host="127.0.0.1", port=8000, api_key=None, max_waiting=512, ma
     text that replaces each model's own."""
     with LLMPool("native", **engine_kwargs) as pool:
         llms = {name: pool.get(name) for name in models}
-        for llm in llms.values():
+        for name, llm in llms.items():
             if chat_template is not None and llm.tokenizer is not None:
                 llm.tokenizer.chat_template = chat_template
+            print(kv_cache_line(name, llm), flush=True)
         print(f"serving {', '.join(llms)} on http://{host}:{port}/v1", flush=True)
         app = build_app(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout, tool_parser)
         Uvicorn(app, host=host, port=port, log_level="info").run()
