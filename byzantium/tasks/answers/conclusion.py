@@ -88,26 +88,25 @@ def clean(text):
 # "To answer this we need 3 steps" commits to nothing.
 _ANSWER_NOUN = (r"(?:(?:final\s+|correct\s+|right\s+|best\s+|my\s+|the\s+|predicted\s+)*"
                 r"(?:answer|choice|option|selection|verdict|decision|label|relation|classification|prediction|guess|pick)s?"
-                r"|(?:(?:the|final|correct|my)\s+)+(?:total|result|sum)|(?:result|total)(?=\s*:))"
+                r"|(?:(?:the|final|correct|my)\s+)+(?:total|result)|(?:result|total)(?=\s*:))"
                 r"(?:\s+(?:here|then|therefore|thus|overall|now|in\s+this\s+case))?")
-_COPULA = (r"(?:\s*\([^)\n]{0,20}\))?[*_\s]*(?:(?:is|would\s+be|should\s+be|must\s+be|will\s+be|has\s+to\s+be|"
+_COPULA = (r"(?:\s*\([^)\n]{0,20}\))?[*_ \t]*(?:(?:is|would\s+be|should\s+be|must\s+be|will\s+be|has\s+to\s+be|"
            r"appears\s+to\s+be|seems\s+to\s+be|remains|stands)\b\s*(?:as\s+)?:?|[:=\-\u2013\u2014])")
 # (pattern, weak): a weak marker ("so", "probably") commits only to a clause that names one value.
 # The concluding ones ("so", "therefore") count only at the end: "so the term is 3" in the working is no answer.
 NOUN_MARKERS = [
     (rf"\b{_ANSWER_NOUN}{_COPULA}", False),
     (r"\b(?:final\s+)?answer(?=\s*[\[(])", False),  # "Answer (C)", "Answer: [C]"
-    (r"(?m)^[#>*_\s]*(?:final\s+)?(?:answer|ans)\b[*_.\s]*(?=\S)", False),  # "Answer D" as AQuA's rationales end
+    (r"(?m)^[#>*_\s]*(?:final\s+)?(?:answer|ans)\b[*_.\s]*(?=[(\[]?[A-Za-z0-9])", False),  # "Answer D" as AQuA's rationales end
     (r"####", False),
     # a heading, its answer on the next line: "## Correct answer\n\nB", "**Final choice**\n(C)"
     (r"(?m)^[#*_\s]*(?:final\s+|correct\s+|best\s+)?(?:answer|choice|option|verdict|label|relation)[*_:\s]*\n\s*", False),
-    (r"\b(?:which|that|this)\s+leaves\b", False),
 ]
 CHOOSING_MARKERS = [
     (r"\b(?:I(?:'d|\s+would|'ll|\s+will|'m|\s+am)?\s+(?:go|going|stick|sticking|stay|staying)\s+with|"
      r"I(?:\s+would|\s+will|'d)?\s+(?:choose|pick|select|say|conclude)|my\s+pick\s+is)\b\s*:?", False),
     (r"\b(?:probably|most\s+likely|likely|I\s+(?:think|believe|guess|suspect)|on\s+balance|I\s+lean\s+towards?|"
-     r"leaning\s+towards?|my\s+(?:best\s+)?guess(?:\s+is|\s*:)|(?:fairly|pretty|quite|reasonably)\s+(?:sure|confident)\s+(?:that\s+)?"
+     r"leaning\s+towards?|my\s+(?:best\s+)?guess(?=\s+is\b|\s*:)|(?:fairly|pretty|quite|reasonably)\s+(?:sure|confident)\s+(?:that\s+)?"
      r"(?:it(?:'s|\s+is)\s+)?)\b\s*:?", True),
 ] + [(r"\b(?:more\s+like|closer\s+to)\b", True)]
 REVISING_MARKERS = CHOOSING_MARKERS[-1:]  # "not 45%; more like 30%"
@@ -119,10 +118,10 @@ CONCLUDING_MARKERS = [
 ]
 ANSWER_MARKERS = NOUN_MARKERS + CHOOSING_MARKERS + CONCLUDING_MARKERS
 
-_SENTENCE_END = re.compile(r"(?<!\b(?:Mt|Rs|Dr|Mr|Ms|St|Jr|Sr|vs))(?<!\bMrs|\betc|\bapp)(?<!\\)[.!?](?=\s|$)"
+_SENTENCE_END = re.compile(r"(?<!\b(?:Mt|Rs|rs|Dr|Mr|Ms|St|Jr|Sr|vs))(?<!\bMrs|\betc|\bapp)(?<!\\)[.!?](?=\s|$)"
                            r"|\n")
 _CLAUSE_CUT = re.compile(r",?\s+(?:which|since|because|as\s+(?:it|this|the)|given|where|when|so\s+that|meaning|"
-                         r"although|though|even\s+though|while|whereas)\b")
+                         r"although|though|even\s+though|while|whereas|depending|unless|assuming)\b")
 
 # After a value: it is being ruled out. Before a value: it is negated.
 _REFUTED_AFTER = re.compile(
@@ -138,9 +137,14 @@ _OR_BETWEEN = re.compile(r"^[\s)\]*_,.\"'“”‘’]*(?:,?\s*or\b|/|\band/or\b
 _EITHER_BEFORE = re.compile(r"\b(?:either|between|both)\b[\s(\[*_\"'“”‘’]*$", re.I)
 _AFFIRMED_AFTER = re.compile(
     r"^[)\]*_\s\"'“”‘’]*(?:as\s+(?:the|my)\s+(?:final\s+|correct\s+|right\s+)?"
-    r"(?:answer|choice|option|verdict|total|result|score|label|confidence)\b|"
+    r"(?:answer|choice|option|verdict|total|result|score|rating|label|confidence)\b|"
     r"(?:is|must\s+be|seems|would\s+be)\s+(?:the\s+)?(?:(?:only\s+)?(?:correct|right|best|true|valid)\b"
     r"(?!\s+(?:only|if|when|for))|(?:correct|right|best|final)\s+(?:answer|option|choice|one)|the\s+answer\b))", re.I)
+
+
+# "We may check our answer: 17 * 44 = 748": checking an answer is not stating one
+_CHECKING = re.compile(r"\b(?:check|checking|verify|verifying|confirm|confirming|test|testing|double-check)\s+"
+                       r"(?:(?:our|my|the|this|that)\s+)?$", re.I)
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,7 @@ def _commit(values, text, start, end, weak=False):
     """What the piece text[start:end] commits to: ("read", value), ("ambiguous", None), ("refuted",
     [values]) when it only rules values out, or None when it names no value. A weak marker's piece
     must name exactly one value."""
-    piece = values.focus(text[start:end])
+    piece = values.focus(text[start:end], bool(weak))
     found = values.find(piece) if values.discrete else []
     # "..., which is why": what follows explains; not inside a value ("reverberate when touched together")
     cuts = [m.start() for m in _CLAUSE_CUT.finditer(piece) if m.start() > 0 and not any(f.start <= m.start() < f.end for f in found)]
@@ -208,14 +212,16 @@ def _commitments(text, values):
     closing = lines[-1] if lines else 0  # "so", "therefore" conclude only on the last line, not in the working
     for pattern, weak in values.markers:
         for m in _last(re.finditer(pattern, text, flags=re.I)):
-            if weak == CONCLUDING and m.end() < closing:
+            if weak == CONCLUDING and m.end() < closing or _CHECKING.search(text, max(0, m.start() - 30), m.start()):
                 continue
             end = _segment_end(text, m.end())
             got = _commit(values, text, m.end(), end, weak)
-            if got is not None:
-                out.append((m.start(), got, bool(weak)))
+            if got is not None:  # an undecided one at its sentence's end: "is **X** or Y" is undecided, X bold or not
+                out.append((end if got[0] == "ambiguous" else m.start(), got, bool(weak)))
     for start, inner in _last(sorted(values.emphasised(text))):  # \boxed{...}, **...**, \textbf{...}
         got = _commit(values, inner, 0, len(inner))
+        if got is not None and got[0] == "ambiguous" and values.boxed_list(inner) is not None:
+            got = ("read", values.boxed_list(inner))
         if got is not None:
             out.append((start, got, False))
     for start, piece in _last(sorted(values.statements(text))):
@@ -250,13 +256,16 @@ def _closing_line(text, values):
     if not lines or not values.bare_line:
         return []
     start, line = lines[-1]
-    core = re.sub(r"^[\s#>*_\-•]*|[\s*_.!]*$", "", line)
+    core = re.sub(r"^(?:[\s#>*_•]|-(?![\d.]))*(?:(?:the\s+)?(?:correct\s+|right\s+)?(?:option|choice)\b[\s:.\-]*)?"
+                  r"|[\s*_.!]*$", "", line, flags=re.I)  # "Option B" as AQuA's rationales end
+    if not any(f.start == 0 for f in values.find(core)):
+        core = re.sub(r"^(?:a|an|the)\s+", "", core)  # "a tie"
     if len(core) > 60 or not values.bare(core):
         return []
     found = values.find(core)
     if values.discrete:  # "C", "(B) 25 km": little beside the value; "Both are fine." is no verdict
         rest = "".join(ch for i, ch in enumerate(core) if not any(f.start <= i < f.end for f in found))
-        if len(re.findall(r"[A-Za-z]{2,}", rest)) > 2:
+        if len(re.findall(r"[A-Za-z]{2,}", rest)) > 1:
             return []
     got = _commit(values, core, 0, len(core)) if found and found[0].start == 0 else None
     return [(start, got, True)] if got and got[0] == "read" else []  # "B, not C." is B

@@ -68,8 +68,13 @@ class Values:
     def complement(self, value):
         return None
 
-    def focus(self, piece):
+    def focus(self, piece, weak=False):
+        """The part of a committing piece that states the value."""
         return piece
+
+    def boxed_list(self, inner):
+        """What a box whose content joins values with "or" states (None: it is ambiguous)."""
+        return None
 
     def emphasised(self, text):
         out = boxes(text)
@@ -117,7 +122,7 @@ class ChoiceValues(Values):
 
     def _letter(self, m):
         after = m.string[m.end():m.end() + 12]
-        if m.group() in ("A", "I") and re.match(r" (?!or\b|and\b|is\b|was\b|because\b|since\b|as\b|seems\b"
+        if m.group() in ("A", "I") and re.match(r" (?!or\b|and\b|is\b|was\b|because\b|since\b|as\b|seems\b|rather\b|instead\b|over\b|here\b|then\b|with\b"
                                                              r"|must\b|would\b|could\b|can|fails\b|too\b|not\b|only\b)[a-z]", after):
             return None  # "A cat", "I think": an article or a pronoun, not an option
         return m.group(1)
@@ -171,18 +176,18 @@ class NumberValues(Values):
             return a == b
         return fa == fb
 
-    def focus(self, piece):
+    def focus(self, piece, weak=False):
         piece = piece.split("=")[-1]
         return "" if _EXPRESSION.match(piece.lstrip(" :*_-")) else piece
 
 
 # ------------------------------------------------------------------ maths and free text
 
-_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+_MATH_SPAN = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$((?:\\\$|[^$])+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 _FILLER = re.compile(r"^(?:[\s*_:]|\b(?:it\s+is|it's|actually|really|simply|just|then|the\s+answer\s+is|equal\s+to|"
-                     r"most\s+likely|probably|likely|clearly)\b)+", re.I)
-_SPLIT = re.compile(r";|,\s*(?=not\b|but\b|it\s+is\b|it's\b)|\s+(?=(?:or|not|but|rather\s+than|instead\s+of)\s)"
-                    r"|\b(?:or|not|but|rather\s+than|instead\s+of)\s+", re.I)
+                     r"most\s+likely|probably|likely|clearly|about|approximately|roughly|around)\b|≈)+", re.I)
+_SPLIT = re.compile(r";|,\s*(?=not\b|but\b|it\s+is\b|it's\b|and\b)|\s+(?=(?:or|and|not|but|rather\s+than|instead\s+of)\s)"
+                    r"|\b(?:or|and|not|but|rather\s+than|instead\s+of)\s+", re.I)
 
 
 def _unwrapped(value):
@@ -196,6 +201,7 @@ _JUDGEMENTS = {"correct", "right", "wrong", "incorrect", "valid", "invalid", "tr
                "unknown", "unclear", "undetermined"}
 
 
+_MARKER_WORDS = r"(?:final |correct )?(?:answer|solution|result|verdict|choice|option|label)s?"
 _FUNCTION_WORDS = {"", "the", "a", "an", "it", "this", "that", "we", "so", "then", "and", "or", "is", "be", "next", "here"}
 
 
@@ -212,16 +218,21 @@ class ExpressionValues(Values):
 
     def find(self, text):
         spans = [(m.start(), m.end(), next(g for g in m.groups() if g is not None)) for m in _MATH_SPAN.finditer(text)]
-        if spans:
-            found = [_Found(s, e, _unwrapped(v.strip())) for s, e, v in spans if v.strip()]
-            for s_, e, _ in spans:  # "$\frac{3}{32}$ or y = 2x + 3": an alternative outside the dollars
-                alt = re.match(r"\s*or\s+([^$.,;\n]+)", text[e:])
-                if alt and not text[e + alt.start(1):].startswith(("$", "\\(")):
-                    found.append(_Found(e + alt.start(1), e + alt.end(1), alt.group(1).strip()))
-            return sorted(found, key=lambda f: f.start)
-        out, i = [], 0
-        for m in list(_SPLIT.finditer(text)) + [None]:
-            j = m.start() if m else len(text)
+        found = [_Found(s, e, _unwrapped(v.strip().rstrip(".,;:").strip())) for s, e, v in spans if v.strip()]
+        # the text between spans: "The answer is 7, not $94$", "torn between \(9\) and 92"
+        gaps, i = [], 0
+        for s_, e, _ in spans + [(len(text), len(text), None)]:
+            gaps.append((i, s_))
+            i = e
+        for a, b in gaps:
+            found += [f for f in self._parts(text, a, b) if not spans or re.search(r"[\d\\]", f.value)]
+        return sorted(found, key=lambda f: f.start)
+
+    def _parts(self, text, a, b):
+        """The pieces of text[a:b] between connectives ("not X; it is Y", "X or Y"), trimmed."""
+        out, i = [], a
+        for m in list(_SPLIT.finditer(text, a, b)) + [None]:
+            j = m.start() if m else b
             part = text[i:j]
             lead = _FILLER.match(part)
             start = i + (lead.end() if lead else 0)
@@ -232,16 +243,35 @@ class ExpressionValues(Values):
         return out
 
     def _plausible(self, value):
-        if normalize_text(value) in _JUDGEMENTS or normalize_text(value) in _FUNCTION_WORDS:
-            return False  # "so our answer is correct", "so the" name no answer
+        said = normalize_text(value)
+        if said in _JUDGEMENTS or said in _FUNCTION_WORDS or re.fullmatch(_MARKER_WORDS, said):
+            return False  # "so our answer is correct", "so the", "**Final answer**" name no answer
         return len(re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", value)) <= self.words_allowed
 
     def same(self, a, b):
         return normalize_text(a) == normalize_text(b)
 
 
+_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}(?:\s+[a-zA-Z]{2,}){1,}")
+_QUANTITY = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:\s*/\s*\d+)?\s*%?")
+
+
 class MathValues(ExpressionValues):
-    words_allowed = 4
+    words_allowed = 2  # "\\text{Evelyn}", "Monday", "east wing": MATH's word answers are short
+
+    def focus(self, piece, weak=False):
+        # "So, her average speed is 2d/(4d/3) = 3/2 m/s": a concluding sentence of prose states what
+        # follows its last "=", or its one quantity ("So, there is 48% milk left")
+        if not weak or _MATH_SPAN.search(piece) or not _PROSE.search(piece):
+            return piece
+        piece = piece.split("=")[-1]
+        if _PROSE.search(piece):
+            quantities = _QUANTITY.findall(piece)
+            return quantities[0] if len(quantities) == 1 else ""
+        return piece
+
+    def boxed_list(self, inner):
+        return inner  # \boxed{-1 \text{ or } 3}: a boxed answer joining values is one answer, all its roots
 
     def same(self, a, b):
         from . import is_correct  # the package's one equivalence check
@@ -380,4 +410,4 @@ class ConfidenceValues(ScoreValues):
     def statements(self, text):
         # "I am 90% confident", and "I am not 45% confident" (its negation read with it)
         return [(m.start(), m.group()) for m in re.finditer(
-            r"(?:\bnot\s+)?(?<![\w.])(\d+(?:\.\d+)?\s*%?)\s*(?:confident|sure|certain|confidence)\b", text, re.I)]
+            r"(?:\bnot\s+)?(?<![\w.])(\d+(?:\.\d+)?[ \t]*%?)[ \t]*(?:confident|sure|certain|confidence)\b", text, re.I)]
