@@ -3,8 +3,13 @@ test writes, through `--model byzantium` and through lm-eval's own `hf` model on
 (a tiny random Llama with a byte-level tokenizer trained here): the same per-choice log-likelihoods and
 accuracy; a generate_until task gives the same greedy answers."""
 import json
+import os
 
 import pytest
+
+# no network: lm-eval and datasets must not try the hub for a task read from local files
+for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(name, "1")
 
 lm_eval = pytest.importorskip("lm_eval")
 tokenizers = pytest.importorskip("tokenizers")
