@@ -4,7 +4,9 @@ The model whose template supports tools is a tiny random Llama with the embedded
 a Hermes-style tool template written here (TEMPLATE): random weights, so tool_choice "required" and
 named calls come only from the grammar that enforces them, and the round trip shows the whole path:
 tools rendered, a call forced, parsed, returned, sent back with the tool's answer, rendered again. The
-embedded SmolLM2 (its template has no tool format) gives the 400. Outputs are never compared to fixed
+embedded SmolLM2 (its own template has no tool format) takes tools through the shipped template, and a
+template without tools given in the request gives the 400. Forced calls end within max_tokens. Outputs
+are never compared to fixed
 text: calls are checked against the tools' schemas, and streamed calls against the same request not
 streamed (same seed)."""
 import json
