@@ -355,13 +355,26 @@ def test_bad_parameter_is_400_naming_it(http, endpoint, field, value):
 
 
 def test_echo_and_penalties(llm, client, http):
-    # The contract first said echo is refused; the server implements it (prompt text + completion), and
-    # refuses echo with logprobs. Penalties are implemented (OpenAI's range [-2, 2]).
+    # The contract first said echo is refused; the server implements it (prompt text + completion), with
+    # logprobs too (vLLM's shape). Penalties are implemented (OpenAI's range [-2, 2]).
     kw = dict(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
     plain = client.completions.create(**kw)
     echoed = client.completions.create(echo=True, **kw)
     assert echoed.choices[0].text == llm.decode(llm.encode(PROMPT)) + plain.choices[0].text
-    check_error(http.post("/v1/completions", json=dict(kw, echo=True, logprobs=1)), 400, param="echo")
+    # echo with logprobs (lm-eval's local-completions): the prompt's own log-probabilities, the first null,
+    # computed in the prefill; they equal the decode path's for the same tokens
+    ids = llm.encode(PROMPT)
+    gen = http.post("/v1/completions", json=dict(kw, prompt=ids, logprobs=1)).json()["choices"][0]["logprobs"]
+    gen_ids = ids + [int(t) for t in llm.encode(plain.choices[0].text)]
+    r = http.post("/v1/completions", json=dict(kw, prompt=gen_ids, max_tokens=0, echo=True, logprobs=1))
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) == len(gen_ids)
+    assert all(x <= 0 for x in lp["token_logprobs"][1:])
+    n = len(gen_ids) - len(ids)
+    assert n == len(gen["token_logprobs"]) and lp["tokens"][len(ids):] == gen["tokens"]  # the same tokens re-read
+    assert lp["token_logprobs"][len(ids):] == pytest.approx(gen["token_logprobs"], abs=1e-4)
+    check_error(http.post("/v1/completions", json=dict(kw, max_tokens=0)), 400)  # nothing asked of a 0 budget
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 4, "temperature": 0,
                                                 "frequency_penalty": 0.5, "presence_penalty": 0.5})
     assert r.status_code == 200, r.text

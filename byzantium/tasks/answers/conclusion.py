@@ -148,7 +148,7 @@ _CHECKING = re.compile(r"\b(?:check|checking|verify|verifying|confirm|confirming
 
 
 @dataclass(frozen=True)
-class _Found:
+class Found:
     start: int
     end: int
     value: object
@@ -311,12 +311,12 @@ def read_conclusion(text, values):
 
 
 def found_in(pattern, text, convert, flags=0):
-    """_Found for every match of `pattern` whose `convert(match)` is not None."""
+    """Found for every match of `pattern` whose `convert(match)` is not None."""
     out = []
     for m in re.finditer(pattern, text, flags):
         v = convert(m)
         if v is not None:
-            out.append(_Found(m.start(), m.end(), v))
+            out.append(Found(m.start(), m.end(), v))
     return out
 
 

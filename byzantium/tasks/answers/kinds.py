@@ -11,7 +11,9 @@ from collections import deque
 from fractions import Fraction
 
 from .choice import option_value, same_value
-from .conclusion import ANSWER_MARKERS, CHOOSING_MARKERS, LAST, REVISING_MARKERS, _Found, found_in, no_overlaps, plain
+from .conclusion import ANSWER_MARKERS, CHOOSING_MARKERS, LAST, REVISING_MARKERS, Found, found_in, no_overlaps, plain
+from .math_equal import math_equal
+from .math_form import strip_math
 from .reading import normalize_text
 
 # \mathbf is a vector's name, not emphasis
@@ -114,7 +116,7 @@ class ChoiceValues(Values):
             exact = [letter for same_case, letter in hits if same_case]
             named = exact if len(exact) == 1 else [letter for _, letter in hits]
             # two options with the same text: the reply names neither ("8.75" among 8.75, 8.79, 8.75)
-            found.append(_Found(start, end, named[0] if len(set(named)) == 1 else None))
+            found.append(Found(start, end, named[0] if len(set(named)) == 1 else None))
         if any(self.values):
             number = r"(?:rs\.?\s*|\$\s*|€|£|₹)?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?(?:\s*[a-z%]+(?:/[a-z]+)?)?"
             found += found_in(number, text, self._by_value, re.I)
@@ -218,7 +220,7 @@ class ExpressionValues(Values):
 
     def find(self, text):
         spans = [(m.start(), m.end(), next(g for g in m.groups() if g is not None)) for m in _MATH_SPAN.finditer(text)]
-        found = [_Found(s, e, _unwrapped(v.strip().rstrip(".,;:").strip())) for s, e, v in spans if v.strip()]
+        found = [Found(s, e, _unwrapped(v.strip().rstrip(".,;:").strip())) for s, e, v in spans if v.strip()]
         # the text between spans: "The answer is 7, not $94$", "torn between \(9\) and 92"
         gaps, i = [], 0
         for s_, e, _ in spans + [(len(text), len(text), None)]:
@@ -238,7 +240,7 @@ class ExpressionValues(Values):
             start = i + (lead.end() if lead else 0)
             value = _unwrapped(text[start:j].strip().strip("*_").strip().rstrip(".,:").strip())
             if value and self._plausible(value):
-                out.append(_Found(start, start + len(value), value))
+                out.append(Found(start, start + len(value), value))
             i = m.end() if m else j
         return out
 
@@ -274,8 +276,8 @@ class MathValues(ExpressionValues):
         return inner  # \boxed{-1 \text{ or } 3}: a boxed answer joining values is one answer, all its roots
 
     def same(self, a, b):
-        from . import is_correct  # the package's one equivalence check
-        return a == b or is_correct(a, b, "math")
+        # is_correct's maths test, without its kind dispatch (the package imports this module)
+        return a == b or math_equal(strip_math(a), strip_math(b))
 
 
 class TextValues(ExpressionValues):
@@ -331,7 +333,7 @@ class VerdictValues(Values):
     def find(self, text):
         found = []
         for value, pattern in _SIDE:
-            found += [_Found(m.start(), m.end(), value) for m in re.finditer(pattern, text, re.I)]
+            found += [Found(m.start(), m.end(), value) for m in re.finditer(pattern, text, re.I)]
         return no_overlaps(found)
 
     def emphasised(self, text):
