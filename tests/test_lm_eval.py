@@ -78,3 +78,21 @@ def test_generate_until_matches_hf_greedy(tiny_with_tokenizer, tasks):
     hf = evaluate("hf", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_gen")
     answers = lambda r: [s["filtered_resps"][0] for s in r["samples"]["tiny_gen"]]  # noqa: E731
     assert answers(ours) == answers(hf)
+
+
+def test_local_completions_against_our_server_matches_hf(tiny_with_tokenizer, tasks):
+    """lm-eval's `local-completions` (echo + logprobs, as it asks vLLM) against our server on the same fp32
+    weights: the same per-choice log-likelihoods and accuracy as lm-eval's `hf` model."""
+    from byzantium.backends import load_llm
+    from byzantium.server.app import ServerThread, build_app
+    llm = load_llm(str(tiny_with_tokenizer), device="cpu", dtype="float32", num_blocks=64)
+    with ServerThread(build_app({"tiny": llm})) as url:
+        served = evaluate("local-completions", f"model=tiny,base_url={url}/v1/completions,tokenizer={tiny_with_tokenizer},"
+                          "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1,tokenized_requests=True",
+                          tasks, "tiny_mc")
+    hf = evaluate("hf", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc")
+    a, b = per_choice(served, "tiny_mc"), per_choice(hf, "tiny_mc")
+    assert len(a) == len(QUESTIONS)
+    for x, y in zip(a, b):
+        assert x == pytest.approx(y, abs=1e-4)
+    assert served["results"]["tiny_mc"]["acc,none"] == hf["results"]["tiny_mc"]["acc,none"]
