@@ -3,19 +3,29 @@ test writes, through `--model byzantium` and through lm-eval's own `hf` model on
 (a tiny random Llama with a byte-level tokenizer trained here): the same per-choice log-likelihoods and
 accuracy; a generate_until task gives the same greedy answers."""
 import json
-import os
 
 import pytest
-
-# no network: lm-eval and datasets must not try the hub for a task read from local files
-for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(name, "1")
 
 lm_eval = pytest.importorskip("lm_eval")
 tokenizers = pytest.importorskip("tokenizers")
 
 QUESTIONS = [("The sky is", ["blue", "green", "loud"], 0), ("Two plus two is", ["three", "four", "five"], 1),
              ("Cats say", ["woof", "moo", "meow"], 2), ("Ice is", ["cold", "hot", "sour"], 0)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """No network, for this module only (other tests check what happens offline and online): lm-eval and
+    datasets must not try the hub for a task read from local files. datasets and huggingface_hub read
+    these variables once, at import, so their constants are set too."""
+    import datasets
+    import huggingface_hub
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+            mp.setenv(name, "1")
+        mp.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
 
 
 @pytest.fixture(scope="module")
