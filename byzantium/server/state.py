@@ -275,17 +275,21 @@ class Server:
         tasks = [asyncio.ensure_future(c) for c in coros]
         together = asyncio.gather(*tasks)
         together.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if unread
+        gone = asyncio.ensure_future(client_gone(request)) if request is not None else None
         try:
             while not together.done():
-                await asyncio.wait([together, self.expiry()], timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([together, self.expiry()] + ([gone] if gone else []), timeout=0.5,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 if together.done():
                     break
                 if self.expired:
                     raise self.shutdown_error()
-                if request is not None and await request.is_disconnected():
+                if gone is not None and gone.done():
                     raise APIError(499, "the client closed the connection", code="client_closed")
             return together.result()
         finally:
+            if gone is not None:
+                gone.cancel()
             for task in tasks:
                 task.cancel()  # no-op for those that ended; the others abort their engine requests
             await asyncio.wait(tasks)
@@ -358,3 +362,11 @@ class Server:
                 callback()
             self._on_expiry.clear()
         loop.call_later(max(0.0, self.shutdown_timeout), expire)
+
+
+async def client_gone(request):
+    """Returns once the client has closed the connection. The route has read the body, so the next ASGI
+    message is the disconnect; waiting for it (rather than polling is_disconnected, whose zero-time receive
+    some Starlette/AnyIO versions cancel before a waiting message is taken) sees every disconnect."""
+    while (await request.receive()).get("type") != "http.disconnect":
+        pass
