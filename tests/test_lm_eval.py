@@ -73,14 +73,18 @@ def per_choice(result, task):
     return [[float(r[0][0]) for r in s["resps"]] for s in result["samples"][task]]
 
 
-def test_multiple_choice_matches_hf(tiny_with_tokenizer, tasks):
-    ours = evaluate("byzantium", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc")
-    hf = evaluate("hf", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc")
-    a, b = per_choice(ours, "tiny_mc"), per_choice(hf, "tiny_mc")
+def assert_same_choices(result, hf):
+    """Every choice's log-likelihood within 1e-4 of lm-eval's hf model, and the same accuracy."""
+    a, b = per_choice(result, "tiny_mc"), per_choice(hf, "tiny_mc")
     assert len(a) == len(QUESTIONS)
     for x, y in zip(a, b):
         assert x == pytest.approx(y, abs=1e-4)
-    assert ours["results"]["tiny_mc"]["acc,none"] == hf["results"]["tiny_mc"]["acc,none"]
+    assert result["results"]["tiny_mc"]["acc,none"] == hf["results"]["tiny_mc"]["acc,none"]
+
+
+def test_multiple_choice_matches_hf(tiny_with_tokenizer, tasks):
+    ours = evaluate("byzantium", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc")
+    assert_same_choices(ours, evaluate("hf", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc"))
 
 
 def test_generate_until_matches_hf_greedy(tiny_with_tokenizer, tasks):
@@ -100,9 +104,4 @@ def test_local_completions_against_our_server_matches_hf(tiny_with_tokenizer, ta
         served = evaluate("local-completions", f"model=tiny,base_url={url}/v1/completions,tokenizer={tiny_with_tokenizer},"
                           "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1,tokenized_requests=True",
                           tasks, "tiny_mc")
-    hf = evaluate("hf", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc")
-    a, b = per_choice(served, "tiny_mc"), per_choice(hf, "tiny_mc")
-    assert len(a) == len(QUESTIONS)
-    for x, y in zip(a, b):
-        assert x == pytest.approx(y, abs=1e-4)
-    assert served["results"]["tiny_mc"]["acc,none"] == hf["results"]["tiny_mc"]["acc,none"]
+    assert_same_choices(served, evaluate("hf", f"pretrained={tiny_with_tokenizer},dtype=float32", tasks, "tiny_mc"))
