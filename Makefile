@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q
 
-.PHONY: demo test bench clean device-site test-device-versions
+.PHONY: demo test bench clean device-site test-device-versions docs
 
 $(VENV)/.base: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: $(VENV)/.base
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check byzantium tests bench
 	$(PY) -m pytest -q tests
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a warning (a broken link) fails it.
+docs: $(VENV)/.test
+	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.test
 	$(PY) bench/engine_throughput.py

@@ -170,7 +170,7 @@ def test_the_engine_keeps_moe_experts_as_the_planner_counts_them(tmp_path):
     assert all(str(d) == want for d in experts.values()), (
         f"engine/memory.py FP8_EXPERTS = {FP8_EXPERTS}, but quantization='fp8' made the experts {experts}: set "
         "FP8_EXPERTS to what the engine does (byzantium plan and LLMPool.plan count the experts with it), then "
-        "the plans written in the ct_table*.toml comments and the README's Planning GPUs table")
+        "the plans written in the ct_table*.toml comments and the table of docs/planning.md")
 
 
 def write_header(path, tensors):

@@ -1,4 +1,4 @@
-"""The server under the conditions of issue 35: its Prometheus metrics (every name and type the README
+"""The server under the conditions of issue 35: its Prometheus metrics (every name and type docs/serving.md
 lists, and the counters moving with each outcome: 200, 400, 404, 413, 429, aborted), an event loop that a
 5 MB body does not block (/health answers meanwhile), sessions that fail as cleanly as completions, the
 small refusals (model lookup, message roles, seed, NaN, stop strings) and the graceful shutdown.
@@ -25,7 +25,7 @@ SMOL = "smollm2-135m"
 SMOL_LEN = 1024
 LONG = 3000  # tokens a request asks for when it must still be running when the test acts on it
 ERROR_KEYS = {"message", "type", "param", "code"}
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+SERVING_DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 # vLLM's metric names (vllm:X), which ours repeat as byzantium:X with the same type.
 VLLM = {"time_to_first_token_seconds": "histogram", "time_per_output_token_seconds": "histogram",
         "e2e_request_latency_seconds": "histogram", "request_queue_time_seconds": "histogram",
@@ -146,9 +146,7 @@ def delta(before, after, name, **labels):
 
 
 def serving_section():
-    text = README.read_text()
-    start = text.index("\n## Serving")
-    return text[start:text.index("\n## ", start + 1)]
+    return SERVING_DOCS.read_text()
 
 
 def prompt(n, start=1):
@@ -165,7 +163,7 @@ def sse_events(lines):
 
 
 # -- 3. metrics ------------------------------------------------------------------------------------------
-def test_every_metric_the_readme_lists_is_scraped_with_its_type(http):
+def test_every_metric_the_docs_list_is_scraped_with_its_type(http):
     rows = re.findall(r"^\| `(byzantium:\w+)` \| (counter|gauge|histogram) \|", serving_section(), re.M)
     listed = dict(rows)
     assert len(listed) == len(rows) >= len(VLLM), rows
