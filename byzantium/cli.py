@@ -26,35 +26,62 @@ Each method of `run` is its own sub-command with its own flags. Bad settings are
 a message naming the problem) before any model is loaded.
 
 Each command is registered by the module that owns it (a `Command` in commands.py); this file only
-lists them, builds the parser and turns a command's refusal into an exit code.
+lists them (name, help, module), builds the parser and turns a command's refusal into an exit code. A
+command's module is imported only when that command is chosen: `byzantium --help`, and a misspelled
+flag, cost no torch.
 """
 import argparse
 import sys
 
-from . import generate
-from .commands import Command, add_commands
-from .experiments import demo, plot, profile, report, run_command
-from .plan import command as plan_command
-from .server import add_serve_args, cmd_serve
-from .sweep import command as sweep_command
+from .commands import Listed
 
-SERVE = Command("serve", "an OpenAI-compatible HTTP server on the engine (/v1/completions, /v1/chat/completions, "
-                         "/v1/sessions, /metrics)", add_serve_args, cmd_serve)
+# In the order `byzantium --help` lists them; each help is its module's COMMAND.help (tests/test_cli_imports.py).
+COMMANDS = [
+    Listed("demo", "MAJ vs RRMaj across the corruption sweep on the embedded model (a few minutes)",
+           "byzantium.experiments.demo"),
+    Listed("generate", "generate for prompts given on the command line", "byzantium.generate"),
+    Listed("run", "an experiment over many questions, resumable (--out DIR)", "byzantium.experiments.run_command"),
+    Listed("sweep", "every cell of an experiment file (TOML), e.g. a paper's table, into DIR/<cell>/; resumable "
+                    "(byzantium/experiments/configs/)", "byzantium.sweep.command"),
+    Listed("report", "the papers' tables from sweep or run directories (md, csv or tex)", "byzantium.experiments.report"),
+    Listed("plot", "the papers' figures (PNG) from sweep or run directories", "byzantium.experiments.plot"),
+    Listed("plan", "the tensor-parallel size and quantization each model needs on N GPUs, and the KV tokens left "
+                   "(loads nothing)", "byzantium.plan.command"),
+    Listed("profile", "`profile run <method> ...`: a run with the engine profiling; profile.json, trace.json, "
+                      "profile.png in its out dir", "byzantium.experiments.profile"),
+    Listed("serve", "an OpenAI-compatible HTTP server on the engine (/v1/completions, /v1/chat/completions, "
+                    "/v1/sessions, /metrics)", "byzantium.serve_command"),
+]
 
-# In the order `byzantium --help` lists them.
-COMMANDS = [demo.COMMAND, generate.COMMAND, run_command.COMMAND, sweep_command.COMMAND, report.COMMAND, plot.COMMAND,
-            plan_command.COMMAND, profile.COMMAND, SERVE]
+
+def chosen_command(argv):
+    """The command argv names (its first word that is not a flag: the top level has no flags but
+    --help), or None."""
+    words = [word for word in argv if not word.startswith("-")]
+    names = {listed.name for listed in COMMANDS}
+    return words[0] if words and words[0] in names else None
 
 
-def parser():
+def parser(argv=None):
+    """The parser. Given argv, only the command it names gets its flags (its module imported); the others
+    are listed by name and help. Without argv, every command's flags (every module imported)."""
     ap = argparse.ArgumentParser(prog="byzantium", description="Multi-agent LLM protocols under Byzantine faults.")
-    add_commands(ap, COMMANDS, "command")
+    sub = ap.add_subparsers(dest="command", required=True)
+    chosen = None if argv is None else chosen_command(argv)
+    for listed in COMMANDS:
+        command_parser = sub.add_parser(listed.name, help=listed.help)
+        if argv is None or listed.name == chosen:
+            command = listed.load()
+            command.add_args(command_parser)
+            if command.func is not None:
+                command_parser.set_defaults(func=command.func)
     return ap
 
 
 def main(argv=None):
-    ap = parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        ap = parser(argv)
         args = ap.parse_args(argv)
     except SystemExit as exit:  # argparse's refusals (exit 2) and --help (0), as a return code
         return exit.code

@@ -2,12 +2,15 @@
 
 A command is registered by the module that owns it: it declares a `Command` (its name, its help, a
 function that adds its flags, the function that runs it), and `byzantium run`'s methods are Commands
-too. cli.py lists the owners' Commands and builds its parser with `add_commands`; the sweep builds the
-`run` parser from the same Commands (experiments/run_command.py) without going through the CLI.
+too. cli.py lists the commands as `Listed` (name, help, owning module) and imports a module only for the
+command that runs, so that `byzantium --help` and a misspelled flag cost no torch; the sweep builds the
+`run` parser from the same Commands (experiments/run_command.py) without going through the CLI. A run
+method's Command also says which of its flags a sweep may vary (`sweep_keys`, read by sweep/cells.py).
 
 Below the registry: the flags that name a run's questions (`task_args`) and the helpers the run
 commands share (loading the questions, skipping a finished run, the pool a run loads its models in).
 """
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,21 @@ class Command:
     help: str
     add_args: Callable  # add_args(parser): the command's flags (and sub-commands)
     func: Callable | None = None  # func(args) -> exit code or None; None: its sub-commands set their own
+    sweep_keys: tuple = ()  # the dests of the flags an experiment file may set (run methods; sweep/cells.py)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A command as `byzantium --help` lists it, its module imported only when it is chosen."""
+    name: str
+    help: str
+    module: str  # the module whose COMMAND is this command
+
+    def load(self) -> Command:
+        command = importlib.import_module(self.module).COMMAND
+        if command.name != self.name:
+            raise RuntimeError(f"{self.module}.COMMAND is {command.name!r}, listed as {self.name!r}")
+        return command
 
 
 def add_commands(parser, commands, dest, metavar=None):

@@ -13,7 +13,8 @@ from ..commands import Command, already_done, load_questions, run_pool, task_arg
 from ..protocols.byzantine import ADVERSARY_MODES
 from ..protocols.prompts import TEMPERATURE
 from .runner import check_resume
-from .sac import AUTO, check_config, print_table, read_edges, run_experiment, settings
+
+# experiments/sac.py (the graphs: networkx) is imported by the functions that run, not with the flags.
 
 
 def count_or_share(text):
@@ -33,6 +34,7 @@ def count_or_share(text):
 
 def f_or_auto(text):
     """--f: an integer, or auto (the largest F the graph is certified for)."""
+    from .sac import AUTO
     if text == AUTO:
         return AUTO
     try:
@@ -106,6 +108,7 @@ def prepare_sac(args):
     """Check every argument of `run sac|cpwbft` (graph included) and load the questions; loads no model.
     Returns (sampling params, model names, questions, the --graph edges or None, the checked graph); sets
     args.topology ("edges" for --graph)."""
+    from .sac import check_config, read_edges
     if args.graph is not None and args.topology is not None:
         raise ValueError("give --topology or --graph, not both")
     edges = read_edges(args.graph) if args.graph is not None else None
@@ -132,6 +135,7 @@ def prepare_sac(args):
 
 
 def cmd_run_sac(args):
+    from .sac import print_table, run_experiment, settings
     (solve, judge), models, tasks, edges, graph = prepare_sac(args)
     out = args.out or f"runs/{args.method}"
     all_rounds = getattr(args, "all_rounds", False)  # CP-WBFT's flag

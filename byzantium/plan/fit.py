@@ -14,6 +14,7 @@ from ..engine.memory import rank_params
 
 GIB = 2**30
 H200_GIB = 139.8  # one H200 ("141 GB" of HBM3e) as CUDA reports it: the default GPU of a plan
+H200_GB = round(H200_GIB * GIB / 1e9, 1)  # the same in GB (1e9 bytes): the sweep's --device-memory default
 MEMORY_FRACTION = 0.9  # the share of each GPU a plan uses (--memory-fraction; vLLM's gpu-memory-utilization)
 DEFAULT_SEQS = 16  # sequences the KV cache must hold at full length (--max-num-seqs; the sweep's dry run)
 ACTIVATION_RESERVE_GIB = 2.0  # per GPU, for a step's activations, CUDA graphs and collectives' buffers

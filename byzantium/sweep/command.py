@@ -17,10 +17,7 @@ import argparse
 
 from ..backends import add_backend_args, pool_kwargs
 from ..commands import Command
-from .cell_checks import parse_cell
-from .config import ConfigError, load_sweep
-from .dry_run import DEVICE_MEMORY_GB, check_dtype, describe, device_memory
-from .running import run_sweep
+from ..plan.fit import H200_GB
 
 
 def add_sweep_args(ap):
@@ -39,7 +36,7 @@ def add_sweep_args(ap):
                          "the same DIR must give the same --limit)")
     ap.add_argument("--device-memory", type=float, default=None, metavar="GB",
                     help=f"the memory of one GPU (GB, 1e9 bytes) the dry run fits the weights into and plans each "
-                         f"model for (default: this machine's GPU by torch.cuda, else {DEVICE_MEMORY_GB:g}, one H200 "
+                         f"model for (default: this machine's GPU by torch.cuda, else {H200_GB:g}, one H200 "
                          f"as CUDA reports it)")
     ap.add_argument("--gpus", type=int, default=1, metavar="N",
                     help="the GPUs the dry run plans each model for (`byzantium plan`: tensor-parallel size and "
@@ -72,6 +69,11 @@ def run_flags(args):
 
 
 def cmd_sweep(args):
+    # The sweep's modules import the run methods (networkx, numpy): here, not with `byzantium --help`.
+    from .cell_checks import parse_cell
+    from .config import ConfigError, load_sweep
+    from .dry_run import check_dtype, describe, device_memory
+    from .running import run_sweep
     if args.out is None and not args.dry_run:
         raise ValueError("--out DIR is required: where the cells' runs and sweep.json go (only --dry-run needs none)")
     try:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from ..experiments.report_cells import short_model
 from ..plan.facts import model_facts
-from ..plan.fit import DEFAULT_SEQS, GIB, H200_GIB, option, plan_model, tp_sizes
+from ..plan.fit import DEFAULT_SEQS, GIB, H200_GB, H200_GIB, option, plan_model, tp_sizes
 from .cells import ENGINE_KEYS, model_engine
 from .needs import cell_problem, hub_note, local_model, model_context, needed_len, serving
 
-DEVICE_MEMORY_GB = round(H200_GIB * GIB / 1e9, 1)  # one H200 as CUDA reports it (139.8 GiB), with no GPU here to ask
+DEVICE_MEMORY_GB = H200_GB  # one H200 as CUDA reports it (139.8 GiB), with no GPU here to ask
 WEIGHTS_SHARE = 0.8  # the weights must leave a fifth of the device for the KV cache and activations
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2}
 # Mixture-of-experts names give the active parameters and the experts, not the total the device holds:
