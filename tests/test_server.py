@@ -380,6 +380,27 @@ def test_echo_and_penalties(llm, client, http):
     assert r.status_code == 200, r.text
 
 
+def test_chat_prompt_logprobs_equal_the_completions_path(http):
+    """vLLM's prompt_logprobs on a chat: the rendered prompt's tokens' log-probabilities (the first null),
+    in the response (vLLM's place on chat), equal to those of /v1/completions on the same token ids."""
+    kw = dict(model=MODEL, max_tokens=3, temperature=0, prompt_logprobs=2)
+    r = http.post("/v1/chat/completions", json=dict(kw, messages=CHAT, n=2, return_token_ids=True))
+    assert r.status_code == 200, r.text
+    chat = r.json()
+    ids, got = chat["prompt_token_ids"], chat["prompt_logprobs"]
+    assert all("prompt_logprobs" not in c for c in chat["choices"])
+    r = http.post("/v1/completions", json=dict(kw, prompt=ids))
+    assert r.status_code == 200, r.text
+    want = r.json()["choices"][0]["prompt_logprobs"]
+    assert len(got) == len(want) == len(ids) and got[0] is None and want[0] is None
+    for token, entry, expected in zip(ids[1:], got[1:], want[1:]):
+        assert str(token) in entry and 2 <= len(entry) <= 3 and set(entry) == set(expected)
+        for key, value in expected.items():
+            assert entry[key]["logprob"] == pytest.approx(value["logprob"], abs=1e-4)
+            assert entry[key]["decoded_token"] == value["decoded_token"]
+    check_error(http.post("/v1/chat/completions", json=dict(kw, messages=CHAT, stream=True)), 400, param="stream")
+
+
 def test_prompt_past_the_context_is_400(llm, http, client):
     long_ids = (llm.encode(PROMPT) * MAX_MODEL_LEN)[:MAX_MODEL_LEN + 10]
     check_error(http.post("/v1/completions", json={"model": MODEL, "prompt": long_ids, "max_tokens": 2}),

@@ -143,6 +143,8 @@ def add_routes(app: FastAPI, server: Server):
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         top = (body.top_logprobs or 0) if body.logprobs else None
+        if body.stream and body.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs are not streamed; send stream: false", param="stream")
         tools = plan(body, served, server.tool_parser)  # tools offered, how their calls are read and forced
         grammar = tools.grammar if tools is not None else None
         sampling_params(body, max_tokens or 1, top, body.n - 1, grammar)  # a bad parameter: 400 before rendering
@@ -151,7 +153,9 @@ def add_routes(app: FastAPI, server: Server):
         if max_tokens is None:  # as much as the context and the KV pool leave (OpenAI: no default cap)
             engine = served.engine.engine
             max_tokens = min(served.max_model_len, engine.num_blocks * engine.block_size) - len(ids)
-        params = [[sampling_params(body, max_tokens, top, i, grammar) for i in range(body.n)]]
+        # the prompt's log-probabilities (vLLM's prompt_logprobs) are the same for every choice: the first asks
+        params = [[sampling_params(body, max_tokens, top, i, grammar,
+                                   prompt_logprobs=body.prompt_logprobs if i == 0 else None) for i in range(body.n)]]
         if body.stream:
             return sse_response(stream_choices(server, served, body, [ids], params, "chat.completion.chunk", arrival,
                                                tools=tools))
@@ -176,6 +180,8 @@ def add_routes(app: FastAPI, server: Server):
                     "model": served.name, "choices": choices, "usage": server.count(served, outs, [len(ids)], body.n)}
         if body.return_token_ids:
             response["prompt_token_ids"] = ids
+        if body.prompt_logprobs is not None:  # vLLM's place on chat: the response's, not a choice's
+            response["prompt_logprobs"] = vllm_prompt_logprobs(served.llm.tokenizer, outs[0].prompt_logprobs)
         return response
 
     # -- sessions (ours): an agent's context kept in the KV cache between turns ---------------------------------
