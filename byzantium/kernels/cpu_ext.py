@@ -26,10 +26,12 @@ uses AVX-512 and the library loads on an AVX2-only CPU. The torch side (checks, 
 instruction set runs, from the CPU's features) is cpu_gemm.cpp, cpu_attention.cpp and cpu_layer_ops.cpp;
 cpu_kernels.h declares what each instruction set's unit provides.
 
-The build (1-2 minutes on 2 cores; `make demo` and `make test` run it at installation through
-`build_now()`) goes to `$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>` (default
-~/.cache/byzantium/ext): one directory per kernel sources, torch version and Python environment, since two
-environments compile with different include paths. Later processes load the built library in well under
+The build compiles only the units this CPU can run (chosen_sources, from /proc/cpuinfo's flags; a stand-in
+for each other one) and says what it builds and roughly how long before it starts (1-2 minutes on 2 idle
+cores; `make demo` and `make test` run it at installation through `build_now()`). It goes to
+`$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>[-<units>]` (default ~/.cache/byzantium/ext): one directory
+per kernel sources built, torch version and Python environment, since two environments compile with
+different include paths; a build that leaves units out names the ones it has. Later processes load the built library in well under
 a second. One process builds at a time, under a lock the kernel drops when that process dies (an
 interrupted build never blocks the next start); a process that waits longer than BUILD_WAIT_S for another
 one's build says so and goes on without the kernels. When load() is None the engine uses oneDNN for the
@@ -49,9 +51,19 @@ import torch
 from ..paths import cache_root
 from .notices import warn_once
 
+COMMON = ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layer_ops.cpp", "cpu_sampling.cpp", "cpu_avx2.cpp")
+# Each instruction-set unit beyond AVX2: (its name, the /proc/cpuinfo flags it needs, its source, the
+# stand-in built where the CPU lacks them, whose kernels throw and are never reached: the callers check the
+# CPU first).
+OPTIONAL_UNITS = (("avx512", ("avx512f",), "cpu_avx512.cpp", "cpu_avx512_absent.cpp"),
+                  ("avx512_bf16", ("avx512f", "avx512_bf16"), "cpu_avx512_bf16.cpp", "cpu_avx512_bf16_absent.cpp"))
+# Rough compile seconds of each source on one idle core, for the line said before a build
+# (bench/results/cpu_kernels.md); the torch side (the default) is the heavy part: torch's headers.
+COMPILE_SECONDS = {"cpu_avx512.cpp": 18, "cpu_avx512_bf16.cpp": 4, "cpu_avx2.cpp": 5,
+                   "cpu_avx512_absent.cpp": 1, "cpu_avx512_bf16_absent.cpp": 1}
+COMPILE_SECONDS_DEFAULT = 30
 SOURCES = [Path(__file__).with_name(name) for name in
-           ("cpu_ext.cpp", "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layer_ops.cpp", "cpu_sampling.cpp",
-            "cpu_avx2.cpp", "cpu_avx512.cpp", "cpu_avx512_bf16.cpp")]
+           COMMON + tuple(name for _, _, unit, absent in OPTIONAL_UNITS for name in (unit, absent))]
 HEADERS = [Path(__file__).with_name(name) for name in
            ("cpu_simd.h", "cpu_math.h", "cpu_kernels.h", "cpu_gemm.h", "cpu_decode.h", "cpu_prefill.h", "cpu_layer_ops.h",
             "cpu_panel_schedule.h")]
@@ -93,6 +105,53 @@ def _find_ninja() -> bool:
     return shutil.which("ninja") is not None
 
 
+def cpu_flags(cpuinfo="/proc/cpuinfo"):
+    """The CPU's feature flags as Linux names them (the flags __builtin_cpu_supports reads, which the
+    kernels check before they call an AVX-512 unit), or None when they cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return None
+
+
+def chosen_sources(flags):
+    """The sources built for a CPU with these flags: every unit it can run, and a stand-in for each it
+    cannot (so that no AVX-512 code is compiled for an AVX2-only CPU). Unknown flags (None): every unit."""
+    names = list(COMMON)
+    for _, needs, unit, absent in OPTIONAL_UNITS:
+        names.append(unit if flags is None or all(flag in flags for flag in needs) else absent)
+    return [Path(__file__).with_name(name) for name in names]
+
+
+def instruction_sets(sources):
+    """What a build of these sources runs: "avx2", "avx2-avx512" or "avx2-avx512-avx512_bf16"."""
+    names = {p.name for p in sources}
+    return "-".join(["avx2"] + [name for name, _, unit, _ in OPTIONAL_UNITS if unit in names])
+
+
+def build_estimate(sources, jobs=None):
+    """Rough wall seconds of a build of these sources with `jobs` compilers at once (the CPU's cores)."""
+    jobs = max(1, jobs or int(os.environ.get("MAX_JOBS") or 0) or os.cpu_count() or 1)
+    seconds = sorted((COMPILE_SECONDS.get(p.name, COMPILE_SECONDS_DEFAULT) for p in sources), reverse=True)
+    return max(seconds[0], sum(seconds) / jobs)
+
+
+def build_plan(flags):
+    """(sources, a line saying what is built and roughly how long) for a CPU with these flags."""
+    sources = chosen_sources(flags)
+    left_out = [unit for _, _, unit, _ in OPTIONAL_UNITS if Path(__file__).with_name(unit) not in sources]
+    why = f"; left out, as this CPU cannot run them: {', '.join(left_out)}" if left_out else ""
+    minutes = max(1, round(build_estimate(sources) / 60))
+    line = (f"byzantium: building the CPU kernels for {instruction_sets(sources).replace('-', ' + ')} "
+            f"({len(sources)} sources{why}); once per machine and environment, about {minutes} "
+            f"minute{'s' if minutes > 1 else ''} on {os.cpu_count()} idle cores, several times that on a busy machine")
+    return sources, line
+
+
 BUILD_WAIT_S = 900.0  # the most a process waits for another one's build before going on without it
 _waited = [0.0]  # seconds this process has spent waiting for another process's build
 
@@ -103,9 +162,11 @@ def waited_seconds() -> float:
 
 
 @functools.cache
-def source_digest():
-    """What names a build: the kernels' sources and the torch version (a changed kernel is timed again too)."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
+def source_digest(flags=None):
+    """What names a build: the sources built for this CPU (flags: its cpu_flags()), the headers and the torch
+    version (a changed kernel is timed again too)."""
+    sources = chosen_sources(cpu_flags() if flags is None else flags)
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sources + HEADERS) + torch.__version__.encode()).hexdigest()[:12]
 
 
 def environment_digest():
@@ -113,8 +174,14 @@ def environment_digest():
     return hashlib.sha256(f"{sys.prefix}|{torch.__file__}".encode()).hexdigest()[:8]
 
 
-def build_directory():
-    return cache_root() / "ext" / f"cpu-{source_digest()}-{environment_digest()}"
+def build_directory(flags=None):
+    """Where the build for this CPU goes. A build that leaves units out has its own (named by what it
+    runs), so that a cache shared with another CPU never hands it a library it cannot use."""
+    flags = cpu_flags() if flags is None else flags
+    sources = chosen_sources(flags)
+    every_unit = all(Path(__file__).with_name(unit) in sources for _, _, unit, _ in OPTIONAL_UNITS)
+    tail = "" if every_unit else f"-{instruction_sets(sources)}"
+    return cache_root() / "ext" / f"cpu-{source_digest(flags)}-{environment_digest()}{tail}"
 
 
 @functools.cache
@@ -124,15 +191,17 @@ def load():
         warn_once(f"byzantium: the compiled CPU kernels are not used ({reason}); the linears use oneDNN "
                   f"and attention the torch reference")
         return None
-    build_dir = build_directory()
+    flags = cpu_flags()
+    sources, plan = build_plan(flags)
+    build_dir = build_directory(flags)
     build_dir.mkdir(parents=True, exist_ok=True)
 
     def build():
         if not any(build_dir.glob("*.so")):
-            print("byzantium: building the CPU kernels (once per machine and environment, about a minute)",
-                  file=sys.stderr, flush=True)
+            print(plan, file=sys.stderr, flush=True)
         from torch.utils.cpp_extension import load as torch_load
-        return torch_load(name=f"byzantium_cpu_{source_digest()}", sources=[str(p) for p in SOURCES],
+        name = f"byzantium_cpu_{source_digest(flags)}"
+        return torch_load(name=name, sources=[str(p) for p in sources],
                           build_directory=str(build_dir), extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
                           verbose=False)
     try:
