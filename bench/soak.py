@@ -168,7 +168,7 @@ def main():
     probe_path = os.path.join(tempfile.mkdtemp(prefix="soak-"), "probe.jsonl")
     server, flags, printed = start_server(args, port, probe_path)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
 
     def sample(done):
         return {"requests": done, "seconds": time.perf_counter() - started, **process_status(server.pid),
@@ -209,14 +209,15 @@ def main():
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    report(args, flags, printed, samples, ok, failed, failures, reasons, time.perf_counter() - started)
+    load = f"load average (1 min) {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    report(args, flags, printed, samples, ok, failed, failures, reasons, time.perf_counter() - started, load)
 
 
 def change(before, after):
     return f"{(after - before) / before * 100:+.1f} %"
 
 
-def report(args, flags, printed, samples, ok, failed, failures, reasons, seconds):
+def report(args, flags, printed, samples, ok, failed, failures, reasons, seconds, load):
     base, last = samples[1], samples[-1]  # samples[1]: after the warm-up, start-up done
     largest = max(s["rss"] for s in samples[1:])
     mib = 2 ** 20
@@ -248,7 +249,7 @@ def report(args, flags, printed, samples, ok, failed, failures, reasons, seconds
                    platform.processor())
         entry = [f"\n## {datetime.date.today().isoformat()}: {args.requests} requests, {args.clients} clients, "
                  f"max_tokens {args.max_tokens}", "",
-                 f"Machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}. Command: "
+                 f"Machine: {cpu}, {os.cpu_count()} cores ({load}), Python {platform.python_version()}. Command: "
                  f"`{shlex.join(['python'] + sys.argv)}`; server: `{shlex.join(['byzantium'] + flags)}`.", ""]
         entry += [f"Server at start: `{line}`" for line in kv] + [""] + lines + [""] + summary
         if failures:
