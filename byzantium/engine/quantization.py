@@ -1,5 +1,5 @@
 """Which linears run in FP8, read from a checkpoint's quantization_config (or asked for with
-quantization="fp8"), and the checkpoint tensors put in the form the models' load_weights copy.
+quantization="fp8"), and the checkpoint tensors put in the form weights.load_weights copies.
 
 Known formats (anything else is refused, naming it, when the config is read: before any weight is):
 - compressed-tensors (RedHatAI's FP8 releases, llm-compressor), format float-quantized or naive-quantized
@@ -29,6 +29,7 @@ from torch import nn
 
 from .layers.fp8 import FP8, TILE_ELEMENTS, Fp8Linear
 from .models.moe import EXPERT_PROJECTIONS, use_fp8_experts
+from .weights import PACKED
 
 # Checkpoint tensors never read: static activation scales and K/V cache scales.
 SKIPPED_SUFFIXES = (".input_scale", ".activation_scale", ".output_scale", ".k_scale", ".v_scale")
@@ -166,8 +167,8 @@ def swap_fp8_linears(model, spec):
     """Replace the nn.Linears `spec` makes FP8 by Fp8Linears (layers/fp8.py), on the model's device (meta,
     before to_empty: after model.to(dtype), which would cast an FP8 weight). Returns the decoder-layer
     parts ("layers.3.self_attn.q_proj") of the checkpoint modules whose weights now land in FP8."""
-    unfused = {}  # our fused linear -> its checkpoint pieces (models' `packed`: checkpoint -> (ours, index))
-    for ckpt, (ours, _) in getattr(model, "packed", {}).items():
+    unfused = {}  # our fused linear -> its checkpoint pieces (weights.PACKED: checkpoint -> (ours, index))
+    for ckpt, (ours, _) in PACKED.items():
         unfused.setdefault(ours, []).append(ckpt)
     fp8_parts = set()
     for name, module in list(model.named_modules()):
@@ -185,7 +186,7 @@ def swap_fp8_experts(model, spec):
     """Make the stacked experts of each MoE block (a module with w13 and w2 parameters) FP8 where `spec`
     makes every expert linear of the block FP8 (models/moe.py use_fp8_experts; on meta, after
     model.to(dtype)). Returns the decoder-layer parts of their checkpoint linears, all experts' (those of
-    other tensor-parallel ranks pass through untouched and are skipped by load_weights)."""
+    other tensor-parallel ranks pass through untouched and are skipped by weights.load_weights)."""
     fp8_parts = set()
     for name, block in list(model.named_modules()):
         if not all(isinstance(getattr(block, w, None), nn.Parameter) for w in ("w13", "w2")):
@@ -198,7 +199,7 @@ def swap_fp8_experts(model, spec):
 
 
 def checkpoint_tensors(named_tensors, spec, fp8_parts, dtype):
-    """The checkpoint's (name, tensor)s as the models' load_weights take them: FP8 weights that land in an
+    """The checkpoint's (name, tensor)s as weights.load_weights takes them: FP8 weights that land in an
     Fp8Linear or FP8 experts pass with their weight_scale (a per-tensor weight_scale_inv renamed
     weight_scale); any other FP8 weight (block-wise; the LM head, a layer or experts kept in `dtype`) is
     dequantized with its scale,

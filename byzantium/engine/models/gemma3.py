@@ -11,7 +11,8 @@ Sliding-window layers really attend within their window (the attention ops' `win
 sees keys (p - W, p]. The KV cache still keeps every token of every layer: freeing the blocks that fell out of
 all windows is a later optimisation.
 
-Reads top to bottom: rope settings, attention, MLP, decoder layer, model, weight loading; the blocks (norm,
+Reads top to bottom: rope settings, attention, MLP, decoder layer, model (weights are loaded by
+engine/weights.py: WEIGHT_NAMES says where a multimodal checkpoint keeps its text tower); the blocks (norm,
 rope, paged attention, gated MLP) are engine/layers/'s. Inputs are packed as in llama.py ([T] tokens of all
 sequences of a step, `meta` from runner.AttentionMetadata).
 """
@@ -20,15 +21,21 @@ from torch import nn
 
 from ...kernels.notices import warn_once
 from ..layers import parallel
-from ..layers.attention import PagedAttention
+from ..layers.attention import AttentionProjections, PagedAttention
+from ..layers.lm_head import add_lm_head, retie
 from ..layers.mlp import GatedMLP
 from ..layers.norm import GemmaRMSNorm
 from ..layers.rotary import apply_rope, rope_at
-from ..weights import FP8, copy_weight
+from ..weights import WeightNames, load_weights
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-SKIPPED = (".input_scale", ".k_scale", ".v_scale")  # static FP8 scales: activations are scaled per token
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
+# Multimodal checkpoints: the vision parts skipped, the text tower where it lives (older and newer layouts).
+WEIGHT_NAMES = WeightNames((
+    ("vision_tower.", None), ("multi_modal_projector.", None),
+    ("model.vision_tower.", None), ("model.multi_modal_projector.", None),
+    ("model.language_model.", "model."), ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."), ("language_model.", "model.")))
 
 
 def layer_types(config):
@@ -61,30 +68,19 @@ def rope_inv_freq(config, layer_type, head_dim):
         return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **extra)
 
 
-class Attention(nn.Module):
+class Attention(AttentionProjections):
     def __init__(self, config, layer_type):
-        super().__init__()
-        heads = config.num_attention_heads
-        self.tp = parallel.current()  # the group o_proj's partial sums run over
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        self.num_heads = parallel.split(heads, "the attention heads")  # this rank's (layers/parallel.py)
-        self.num_kv_heads = parallel.kv_heads_per_rank(config.num_key_value_heads, heads)
+        bias = bool(getattr(config, "attention_bias", False))
+        super().__init__(config, qkv_bias=bias, o_bias=bias)
         self.scale = config.query_pre_attn_scalar ** -0.5
         self.attn = PagedAttention(self.scale, config.sliding_window if layer_type == SLIDING else None)
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = parallel.column(nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias))
-        self.o_proj = parallel.row(nn.Linear(self.q_size, config.hidden_size, bias=bias))
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, meta, k_cache, v_cache):
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(self.q_norm(q.view(T, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(k.view(T, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        return parallel.all_reduce(self.o_proj(self.attn(q, k, v, meta, k_cache, v_cache).view(T, self.q_size)), self.tp)
+        q, k, v = self.split_qkv(x)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        return self.output(self.attn(q, k, v, meta, k_cache, v_cache))
 
 
 def mlp(config):
@@ -121,14 +117,6 @@ class Gemma3Model(nn.Module):
 class Gemma3ForCausalLM(nn.Module):
     """Built from a Gemma3TextConfig, or a Gemma3Config (multimodal: its text_config is what runs here)."""
 
-    # checkpoint name -> (our fused parameter, which slice)
-    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-    # Multimodal checkpoints: where their text tower's tensors live (older and newer layouts), and what to skip.
-    renames = (("model.language_model.", "model."), ("language_model.model.", "model."),
-               ("language_model.lm_head.", "lm_head."), ("language_model.", "model."))
-    skipped = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
-
     def __init__(self, config):
         super().__init__()
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -144,11 +132,7 @@ class Gemma3ForCausalLM(nn.Module):
         self.final_softcap = getattr(text, "final_logit_softcapping", None)
         self.model = Gemma3Model(text)
         # A multimodal checkpoint ties (or not) at its top level, as transformers reads it.
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = nn.Linear(text.hidden_size, parallel.vocab_per_rank(text.vocab_size), bias=False)
-        parallel.vocab_parallel(self.lm_head)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        add_lm_head(self, text.hidden_size, text.vocab_size, getattr(config, "tie_word_embeddings", True))
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         # Every layer's attention implements its window, so the context is the full rope range.
@@ -170,8 +154,7 @@ class Gemma3ForCausalLM(nn.Module):
     def init_buffers(self, device):
         """After to_empty: the rope frequencies, the embedding scale and the tied lm_head."""
         self._make_buffers(device)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        retie(self)
 
     def forward(self, input_ids, positions, meta, kv_cache):
         """Hidden states [T, hidden] of the packed tokens; K/V written to kv_cache[layer, 0/1]."""
@@ -189,47 +172,5 @@ class Gemma3ForCausalLM(nn.Module):
         return logits
 
     def load_weights(self, named_tensors):
-        """Copy checkpoint tensors (transformers names, either layout) into our fused parameters; check that
-        none is missing and none is unknown."""
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in named_tensors:
-            if name.startswith(self.skipped) or "rotary_emb." in name or name.endswith(SKIPPED):
-                continue
-            name = next((new + name[len(old):] for old, new in self.renames if name.startswith(old)), name)
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue
-            target, part = name, None
-            for ckpt, (ours, index) in self.packed.items():
-                if f".{ckpt}." in name:
-                    target, part = name.replace(f".{ckpt}.", f".{ours}."), index
-                    break
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch}")
-            param = params[target]
-            dest, scale = param if part is None else param.narrow(0, *self._slice(target, part)), None
-            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read
-                scale_target = target.removesuffix("weight") + "weight_scale"
-                scale = params[scale_target]
-                scale = scale if part is None else scale.narrow(0, *self._slice(scale_target, part))
-                loaded.add((scale_target, part))
-            copy_weight(dest, tensor, parallel.cut_of(self, target), scale, name)
-            loaded.add((target, part))
-        expected = set()
-        for target in params:
-            parts = {"qkv_proj": 3, "gate_up_proj": 2}.get(target.rsplit(".", 2)[-2])
-            expected |= {(target, p) for p in range(parts)} if parts else {(target, None)}
-        if self.tie_word_embeddings:
-            expected.discard(("lm_head.weight", None))
-        missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors of {self.arch}, e.g. {missing[:3]}")
-
-    def _slice(self, target, part):
-        """(start, length) of part `part` within a fused parameter, along dim 0."""
-        if ".qkv_proj." in target:
-            attn = self.model.layers[0].self_attn
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [self.model.layers[0].mlp.down_proj.in_features] * 2  # this rank's intermediate channels
-        return sum(sizes[:part]), sizes[part]
+        """Checkpoint tensors (transformers names, either layout) into our parameters: engine/weights.py."""
+        load_weights(self, named_tensors, WEIGHT_NAMES)

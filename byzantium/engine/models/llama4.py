@@ -14,36 +14,35 @@ What sets it apart from the Llama family (transformers' modeling_llama4.py is th
   experts (k = 1 in the released models) by router logit; sigmoid(logit) scales the expert's input (not
   its output), and a shared expert (a dense SwiGLU MLP) is added. Dense layers use intermediate_size_mlp.
 
-Reads top to bottom: settings, attention, MoE block, decoder layer, model, weight loading; the blocks
+Reads top to bottom: settings, attention, MoE block, decoder layer, model (weights are loaded by
+engine/weights.py: TEXT_ONLY and TEXT_TOWER declare the checkpoints' names); the blocks
 (norm, paged attention, gated MLP, fused_moe) are engine/layers/'s and kernels/moe.py's. Inputs are packed
 as in llama.py ([T] tokens of all sequences of a step, `meta` from runner.AttentionMetadata).
 """
-import re
-
 import torch
 from torch import nn
 
 from ...kernels.moe import fused_moe
 from ..layers import parallel
-from ..layers.attention import PagedAttention
+from ..layers.attention import AttentionProjections, PagedAttention
+from ..layers.lm_head import add_lm_head, retie
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
-from ..weights import FP8, copy_weight, rank_slice
-from .moe import EXPERT_PARAMS, copy_experts
+from ..weights import WeightNames, load_weights
 
 ARCHITECTURES = ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")
 MODEL_TYPES = {"llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
 CHUNKED, FULL = "chunked_attention", "full_attention"
-SKIPPED = (".input_scale", ".k_scale", ".v_scale")  # static FP8 scales: activations are scaled per token
-# Multimodal checkpoints: where their text tower's tensors live (the saved names, and transformers 5's
-# in-memory ones), None for the vision parts (skipped).
-TEXT_TOWER = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-              ("model.language_model.", "model."), ("lm_head.", "lm_head."),
-              ("vision_model.", None), ("multi_modal_projector.", None),
-              ("model.vision_model.", None), ("model.multi_modal_projector.", None))
-# Routed experts one linear each ([out, in]; FP8 ones with a weight_scale [out, 1] or [1]), as llm-compressor
-# writes them (RedHatAI's Llama-4-Scout FP8 release); transformers' own layout is stacked (Llama4ForCausalLM.experts).
-_EXPERT = re.compile(r"(.*\.feed_forward)\.experts\.(\d+)\.(gate|up|down)_proj\.weight(_scale)?")
+# Checkpoint names. Routed experts come stacked as transformers saves them, transposed ([E, H, 2I] and
+# [E, I, H]: the checkpoint multiplies x @ W, we W @ x), or one linear per expert as llm-compressor writes
+# them (RedHatAI's Llama-4-Scout FP8 release). Multimodal checkpoints: where their text tower's tensors live
+# (the saved names, and transformers 5's in-memory ones), None for the vision parts (skipped).
+TEXT_ONLY = WeightNames(experts_transposed=True)
+TEXT_TOWER = WeightNames((("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                          ("model.language_model.", "model."), ("lm_head.", "lm_head."),
+                          ("vision_model.", None), ("multi_modal_projector.", None),
+                          ("model.vision_model.", None), ("model.multi_modal_projector.", None)),
+                         experts_transposed=True)
 
 
 def architecture_of(config):
@@ -92,18 +91,10 @@ def l2_norm(x, eps):
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-class Attention(nn.Module):
+class Attention(AttentionProjections):
     def __init__(self, config, index):
-        super().__init__()
-        heads = config.num_attention_heads
-        self.tp = parallel.current()  # the group o_proj's partial sums run over
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        self.num_heads = parallel.split(heads, "the attention heads")  # this rank's (layers/parallel.py)
-        self.num_kv_heads = parallel.kv_heads_per_rank(config.num_key_value_heads, heads)
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))  # q, k, v and o alike in transformers
-        self.qkv_proj = parallel.column(nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias))
-        self.o_proj = parallel.row(nn.Linear(self.q_size, config.hidden_size, bias=bias))
+        super().__init__(config, qkv_bias=bias, o_bias=bias)
         self.use_rope = bool(config.no_rope_layers[index])
         self.qk_norm_eps = config.rms_norm_eps if config.use_qk_norm and self.use_rope else None
         self.temperature_tuning = bool(config.attn_temperature_tuning) and not self.use_rope
@@ -111,17 +102,14 @@ class Attention(nn.Module):
         self.attn = PagedAttention(self.head_dim ** -0.5, chunk=chunk)
 
     def forward(self, x, cos, sin, temperature, meta, k_cache, v_cache):
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim)
+        q, k, v = self.split_qkv(x)
         if self.use_rope:
             q, k = rope_interleaved(q, cos, sin), rope_interleaved(k, cos, sin)
             if self.qk_norm_eps is not None:
                 q, k = l2_norm(q, self.qk_norm_eps), l2_norm(k, self.qk_norm_eps)
         elif self.temperature_tuning:
             q = (q * temperature).to(q.dtype)  # fp32 scales, as transformers multiplies them
-        out = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), meta, k_cache, v_cache)
-        return parallel.all_reduce(self.o_proj(out.view(T, self.q_size)), self.tp)
+        return self.output(self.attn(q, k, v, meta, k_cache, v_cache))
 
 
 class MoeBlock(nn.Module):
@@ -188,12 +176,6 @@ class Llama4Model(nn.Module):
 class Llama4ForCausalLM(nn.Module):
     """Built from a Llama4TextConfig, or a Llama4Config (multimodal: its text_config is what runs here)."""
 
-    # checkpoint name -> (our fused parameter, which slice)
-    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-    # stacked experts: checkpoint name -> ours (transposed: the checkpoint's multiply x @ W, ours W @ x)
-    experts = {"experts.gate_up_proj": "w13", "experts.down_proj": "w2"}
-
     def __init__(self, config):
         super().__init__()
         self.arch = architecture_of(config)
@@ -204,14 +186,9 @@ class Llama4ForCausalLM(nn.Module):
         self.config = text
         self.tp = parallel.current()
         self.model = Llama4Model(text)
-        # tied if either config says so (the released ones do not); load_weights unties them when the
-        # checkpoint ships a head that differs from the embedding, as llama.py does
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False)
-                                        or getattr(text, "tie_word_embeddings", False))
-        self.lm_head = nn.Linear(text.hidden_size, parallel.vocab_per_rank(text.vocab_size), bias=False)
-        parallel.vocab_parallel(self.lm_head)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        # tied if either config says so (the released ones do not)
+        add_lm_head(self, text.hidden_size, text.vocab_size, getattr(config, "tie_word_embeddings", False)
+                    or getattr(text, "tie_word_embeddings", False))
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         # Chunked layers implement their chunk and NoPE layers need no table: the whole context is served
@@ -227,8 +204,7 @@ class Llama4ForCausalLM(nn.Module):
     def init_buffers(self, device):
         """After to_empty: the rope frequencies (fp32) and the tied lm_head."""
         self._make_buffers(device)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        retie(self)
 
     def use_cpu_ops(self, kernels):
         """The norms and SiLU * up (dense MLPs and shared experts) on the compiled CPU kernels; the
@@ -256,115 +232,6 @@ class Llama4ForCausalLM(nn.Module):
         return parallel.vocab_logits(self.lm_head, hidden, self.config.vocab_size, self.tp)
 
     def load_weights(self, named_tensors):
-        """Copy checkpoint tensors (transformers names, text-only or multimodal) into our fused parameters,
-        each rank its slice (weights.copy_weight); check that none is missing, unknown or mis-shaped. Routed
-        experts come stacked (transformers) or one linear per expert (llm-compressor; FP8 ones with their
-        weight_scale), each rank reading only its own; FP8 experts are quantized an expert at a time."""
-        params = dict(self.named_parameters())
-        loaded, head = set(), None
-        for ckpt_name, tensor in named_tensors:
-            name = self._rename(ckpt_name)
-            if name is None or "rotary_emb." in name or name.endswith(SKIPPED):
-                continue
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                head = tensor  # kept only if it differs from the embedding (below)
-                continue
-            target, part = self._target(name)
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {self.arch}")
-            param = params[target]
-            experts = target.endswith(EXPERT_PARAMS)
-            if experts:  # this rank holds some of them, whole
-                tensor, part = self._local_experts(target, tensor, part, ckpt_name)
-                if tensor is None:
-                    continue
-            scale_target = None
-            if param.dtype in FP8 and tensor.dtype not in FP8:  # quantized as it is read, its scales written
-                scale_target = target + "_scale" if experts else target.removesuffix("weight") + "weight_scale"
-            if experts and part is None:  # stacked experts: one at a time (FP8: each quantized per row)
-                copy_experts(param, scale_target and params[scale_target], tensor, ckpt_name)
-            else:
-                scale = scale_target and self._piece(scale_target, params[scale_target], part)
-                copy_weight(self._piece(target, param, part), tensor, parallel.cut_of(self, target), scale, ckpt_name)
-            for t in filter(None, (target, scale_target)):
-                loaded |= {(t, p) for p in (self._parts(t, params[t]) if part is None else [part])}
-        expected = {(t, p) for t, param in params.items() for p in self._parts(t, param)}
-        missing = sorted(str(t if p is None else f"{t}[{p}]") for t, p in expected - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors of {self.arch}, e.g. {missing[:3]}")
-        embed = self.model.embed_tokens.weight
-        if head is not None:
-            head = rank_slice(head, parallel.VOCAB, embed.shape).to(embed.device, embed.dtype)
-            if not torch.equal(head, embed):
-                self.lm_head.weight = nn.Parameter(head, requires_grad=False)
-                self.tie_word_embeddings = False
-
-    def _rename(self, name):
-        """A checkpoint name as our text model's name; None for tensors we do not use (vision parts)."""
-        if self.arch == "Llama4ForConditionalGeneration":
-            for prefix, ours in TEXT_TOWER:
-                if name.startswith(prefix):
-                    return None if ours is None else ours + name[len(prefix):]
-        return name
-
-    def _target(self, name):
-        """(our parameter, which piece of it or None for all of it) of a checkpoint tensor."""
-        for ckpt, ours in self.experts.items():
-            if name.endswith(f".feed_forward.{ckpt}"):
-                return name.removesuffix(ckpt) + ours, None
-        if m := _EXPERT.fullmatch(name):
-            prefix, expert, proj, scale = m[1], int(m[2]), m[3], m[4] or ""
-            if proj == "down":
-                return f"{prefix}.w2{scale}", expert
-            return f"{prefix}.w13{scale}", (expert, int(proj == "up"))
-        for ckpt, (ours, index) in self.packed.items():
-            if f".{ckpt}." in name:
-                return name.replace(f".{ckpt}.", f".{ours}."), index
-        return name, None
-
-    def _local_experts(self, target, tensor, part, ckpt_name):
-        """(the tensor, its piece) in this rank's share of the experts, (None, None) for another rank's
-        expert: a stacked checkpoint tensor's experts of this rank, in our layout ([E, H, 2I] -> [E, 2I, H],
-        [E, I, H] -> [E, H, I]: a view), or one expert's linear (its piece renumbered to our local index)."""
-        block = self.get_submodule(target.rsplit(".", 1)[0])
-        if part is not None:
-            expert = part[0] if isinstance(part, tuple) else part
-            if expert >= block.num_experts:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r}: expert {expert} of {block.num_experts}")
-            if expert not in block.experts:
-                return None, None
-            local = expert - block.experts.start
-            return tensor, (local, part[1]) if isinstance(part, tuple) else local
-        if tensor.dim() != 3 or tensor.shape[0] != block.num_experts:
-            raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}; expected "
-                             f"{block.num_experts} stacked experts")
-        return tensor[block.experts.start:block.experts.stop].transpose(1, 2), None
-
-    def _parts(self, target, param):
-        """The pieces a parameter is loaded in, one checkpoint tensor each; [None] when it is one tensor.
-        Experts: (expert, gate 0 / up 1) of w13, the expert of w2, and the same of their scales."""
-        if ".qkv_proj." in target:
-            return [0, 1, 2]
-        if ".gate_up_proj." in target:
-            return [0, 1]
-        if target.endswith((".w13", ".w13_scale")):
-            return [(e, p) for e in range(param.shape[0]) for p in (0, 1)]
-        if target.endswith((".w2", ".w2_scale")):
-            return list(range(param.shape[0]))
-        return [None]
-
-    def _piece(self, target, param, part):
-        """The view of `param` that checkpoint piece `part` is copied into."""
-        if part is None:
-            return param
-        if target.endswith((".w13", ".w13_scale")):  # [E, 2I, H] or its scales [E, 2I]
-            expert, half = part
-            return param[expert].narrow(0, half * param.shape[1] // 2, param.shape[1] // 2)
-        if target.endswith((".w2", ".w2_scale")):
-            return param[part]
-        if ".qkv_proj." in target:
-            attn = self.model.layers[0].self_attn
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:  # gate_up_proj: [gate; up]
-            sizes = [param.shape[0] // 2] * 2
-        return param.narrow(0, sum(sizes[:part]), sizes[part])
+        """Checkpoint tensors (transformers names, text-only or multimodal) into our parameters:
+        engine/weights.py."""
+        load_weights(self, named_tensors, TEXT_TOWER if self.arch == "Llama4ForConditionalGeneration" else TEXT_ONLY)

@@ -9,7 +9,7 @@ the tokens routed to its own, and the block's output is summed over ranks.
 
 FP8 experts (engine/quantization.py swaps them in on meta: use_fp8_experts): w13/w2 in float8_e4m3fn with
 fp32 scales per (expert, output row), w13_scale [E, 2I] and w2_scale [E, H]; loaded an expert at a time
-(copy_experts, or one checkpoint tensor per expert and projection), each quantized per row as it is read
+(engine/weights.py: stacked, or one checkpoint tensor per expert and projection), each quantized per row as it is read
 unless the checkpoint stores it in FP8 with its scales. llama4.py's MoeBlock has the same layout.
 """
 import torch
@@ -18,10 +18,8 @@ from torch import nn
 from ...kernels.moe import fused_moe
 from ..layers import parallel
 from ..layers.fp8 import FP8
-from ..weights import copy_weight
 
 EXPERT_WEIGHTS = ("w13", "w2")
-EXPERT_PARAMS = (".w13", ".w2", ".w13_scale", ".w2_scale")  # a MoE block's expert parameters, by name suffix
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # per-expert checkpoint linears
 
 
@@ -33,17 +31,6 @@ def use_fp8_experts(block):
         setattr(block, name, nn.Parameter(torch.empty(w.shape, dtype=FP8, device=w.device), requires_grad=False))
         setattr(block, f"{name}_scale", nn.Parameter(torch.empty(w.shape[:2], dtype=torch.float32, device=w.device),
                                                      requires_grad=False))
-
-
-def copy_experts(param, scale, tensor, name):
-    """Stacked checkpoint experts (this rank's, in our layout [E_local, rows, cols], any strides) into
-    `param` one expert at a time: an FP8 `param` gets each expert quantized per row, its scales written to
-    `scale` [E_local, rows], so no more than one expert is ever in fp32."""
-    if tensor.shape != param.shape:
-        raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} here; expected "
-                         f"{tuple(param.shape)}")
-    for e in range(param.shape[0]):
-        copy_weight(param[e], tensor[e], None, None if scale is None else scale[e], name)
 
 
 def is_sparse_layer(config, index):
