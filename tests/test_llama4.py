@@ -19,7 +19,8 @@ from byzantium import Engine, SamplingParams
 from byzantium.engine.layers.attention import PagedAttention
 from byzantium.engine.models import model_class
 from byzantium.engine.models.llama4 import Llama4ForCausalLM
-from byzantium.kernels import cpu, cpu_ext, reference
+from byzantium.engine.attention_backend import ModelFeatures, choose_attention_backend
+from byzantium.kernels import cpu, reference
 from conftest import random_prompts
 from test_kernels import assert_matches, make_batch
 
@@ -104,8 +105,8 @@ def test_greedy_tokens_and_logits_match_transformers(models, variant, backend):
     d = e.describe()
     assert d["architecture"] == type(hf).__name__ and d["model_code"].endswith("llama4.Llama4ForCausalLM")
     assert d["max_model_len"] == 512  # chunks are implemented, not a limit on the context
-    expected = {"default": "cpu" if cpu_ext.load() is not None else "torch"}.get(backend, "torch")
-    assert d["attention_backend"] == expected
+    # every backend: the CPU kernels have no chunk mask, so the default chooses torch for this model
+    assert d["attention_backend"] == "torch"
 
 
 def test_batched_equals_one_by_one(models):
@@ -258,13 +259,13 @@ def test_reference_chunked_attention_matches_naive(chunk):
     assert_matches(out, naive_chunked(**data, scale=0.2, chunk=chunk), torch.float32)
 
 
-@pytest.mark.parametrize("chunk", [8, 1000])
-def test_cpu_backend_chunked_attention_matches_reference(chunk):
-    # 1000: the compiled kernels run (every sequence within its first chunk); 8: the reference does.
-    data = make_batch([(40, 3), (10, 1), (0, 5)], 4, 2, 64, 16, torch.float32, "cpu", seed=3)
-    assert_matches(cpu.append_prefill_attention(**data, scale=0.125, chunk=chunk),
-                   reference.append_prefill_attention(**data, scale=0.125, chunk=chunk), torch.float32)
-    data = make_batch(DECODE, 4, 2, 64, 16, torch.float32, "cpu", seed=4)
-    args = [data[k] for k in ("q", "k_cache", "v_cache", "seq_lens", "block_tables")]
-    assert_matches(cpu.paged_decode_attention(*args, 0.125, chunk=chunk),
-                   reference.paged_decode_attention(*args, 0.125, chunk=chunk), torch.float32)
+def test_the_cpu_backend_is_not_chosen_for_chunked_layers():
+    # The compiled CPU kernels read a sequence from its first token (no chunk mask): decided before the
+    # model runs, never call by call.
+    features = ModelFeatures(head_dim=64, chunk=True)
+    assert choose_attention_backend("auto", "cpu", features=features).name == "torch"
+    with pytest.raises(ValueError, match="'cpu' cannot run this model: cpu has no chunked attention"):
+        choose_attention_backend("cpu", "cpu", features=features)
+    q = torch.zeros(1, 4, 16)
+    with pytest.raises(ValueError, match="'cpu' has no chunked attention"):
+        PagedAttention(0.25, chunk=8)(q, q, q, SimpleNamespace(ops=cpu, num_decode=1), None, None)

@@ -19,6 +19,7 @@ import sys
 import pytest
 import torch
 
+from byzantium.engine.attention_backend import ModelFeatures, choose_attention_backend
 from byzantium.kernels import cpu, cpu_ext, reference
 from test_kernels import HAS_CUDA, HAS_TRITON, TRITON_DEVICE, assert_matches, make_batch
 
@@ -76,16 +77,17 @@ def test_reference_window_longer_than_every_sequence_is_global():
                                reference.append_prefill_attention(**data, scale=0.2), rtol=0, atol=0)
 
 
-@pytest.mark.skipif(cpu_ext.load() is None, reason="the compiled CPU kernels are not available here")
-@pytest.mark.parametrize("window", [8, 1000])
-def test_cpu_backend_window_matches_reference(window):
-    # 1000: the compiled kernel runs (no query is past the window); 8: the reference does.
-    prefill = make_batch([(40, 3), (10, 1), (0, 5)], 4, 2, 64, 16, torch.float32, "cpu", seed=3)
-    assert_matches(cpu.append_prefill_attention(**prefill, scale=0.125, window=window),
-                   reference.append_prefill_attention(**prefill, scale=0.125, window=window), torch.float32)
-    decode = make_batch(DECODE, 4, 2, 64, 16, torch.float32, "cpu", seed=4)
-    assert_matches(cpu.paged_decode_attention(*decode_args(decode), 0.125, window=window),
-                   reference.paged_decode_attention(*decode_args(decode), 0.125, window=window), torch.float32)
+def test_the_cpu_backend_is_not_chosen_for_sliding_window_layers():
+    # The compiled CPU kernels read a sequence from its first token (no window mask): decided before the
+    # model runs (the torch backend for such a model), never call by call.
+    features = ModelFeatures(head_dim=16, window=True)
+    assert choose_attention_backend("auto", "cpu", features=features).name == "torch"
+    with pytest.raises(ValueError, match="cpu has no sliding-window attention"):
+        choose_attention_backend("cpu", "cpu", features=features)
+    if cpu_ext.load() is not None:
+        decode = make_batch(DECODE, 4, 2, 64, 16, torch.float32, "cpu", seed=4)
+        with pytest.raises(ValueError, match="no sliding-window attention"):
+            cpu.paged_decode_attention(*decode_args(decode), 0.125, window=8)
 
 
 # ------------------------------------------------------------------------------ Triton vs reference

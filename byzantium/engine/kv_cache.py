@@ -26,9 +26,9 @@ def allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim
 
     On CPU the memory is an anonymous mapping: the kernel hands out zero pages on first write, so a pool
     costs resident memory only for the blocks used (torch.zeros would write, and so touch, every page).
-    Private, not shared: a first write to a private page costs about half what one to a shared (shmem)
-    page does (measured: 0.09 vs 0.15 s of system time for the 600 new blocks of a batch-64 run), and
-    huge pages are not asked for (zeroing and compacting 2 MB pages cost 0.5 s of system time a run).
+    Private, not shared: a first write to a private page costs less system time than one to a shared
+    (shmem) page; huge pages are not asked for, as zeroing and compacting them costs more than they save
+    (timings: bench/results/cpu_kernels.md).
     reserve: every page written now, so the pool is resident from the start (a budget the user set:
     resident memory does not then climb as blocks are first used, which reads as a leak).
     """
@@ -50,23 +50,13 @@ def kv_cache_dtype(kv_cache_dtype, dtype):
 
 
 def kv_attention_backend(backend, kv_dtype, dtype, device):
-    """The attention backend that reads a pool of `kv_dtype` for a model of `dtype`. An FP8 pool is read by
-    the torch reference, and by the Triton kernels for bf16/fp16 models on GPUs of compute capability >= 8.9
-    (Triton has no e4m3 below; fp32 tiles upcast from FP8 spill registers, compiled for sm_89/sm_90); "auto"
-    picks one of those. The compiled CPU kernels and flash-attn take fp32/bf16 K/V only: refused."""
-    if kv_dtype != FP8_KV:
-        return backend
-    if backend in ("cpu", "flash_attn"):
-        raise ValueError(f"attention_backend={backend!r} cannot read an FP8 KV cache (kv_cache_dtype='fp8'); "
-                         "use attention_backend='torch' or 'triton' (CUDA), or kv_cache_dtype='auto'")
-    triton = (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
-              and torch.cuda.get_device_capability(device) >= (8, 9))
-    if backend == "triton" and not triton:
-        raise ValueError("attention_backend='triton' reads an FP8 KV cache only for bf16/fp16 models on CUDA GPUs of "
-                         "compute capability >= 8.9; use attention_backend='torch' or kv_cache_dtype='auto'")
-    if backend == "auto":
-        return "auto" if triton else "torch"  # auto there: Triton (the torch reference when triton is missing)
-    return backend
+    """The old name, kept until engine.py calls choose_attention_backend itself: the backend that reads a
+    pool of `kv_dtype` for a model of `dtype` ("auto" stays "auto" for the runner to choose with the
+    model's features where the pool is not FP8)."""
+    from .attention_backend import choose_attention_backend
+    if backend == "auto" and kv_dtype != FP8_KV:
+        return "auto"
+    return choose_attention_backend(backend, device, dtype, kv_dtype).name
 
 
 class BlockManager:

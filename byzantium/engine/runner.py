@@ -16,6 +16,7 @@ import torch
 
 from ..kernels import attention_ops
 from . import prompt_logprobs
+from .attention_backend import ModelFeatures, choose_attention_backend
 from .cuda_graphs import DecodeGraphs, FixedSplits
 
 
@@ -140,7 +141,11 @@ class ModelRunner:
         """On CUDA, with the sizes given (the engine's limits), steps are staged in StepBuffers; with
         cuda_graphs too (and the Triton backend), single-token steps replay CUDA graphs."""
         self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, block_size, torch.device(device)
-        self.ops = attention_ops(attention_backend, device)
+        if attention_backend == "auto":  # until engine.py hands over its choose_attention_backend choice
+            attention_backend = choose_attention_backend(
+                "auto", self.device, model.model.embed_tokens.weight.dtype, kv_cache.dtype,
+                features=ModelFeatures.of(model)).name
+        self.ops = attention_ops(attention_backend)  # the backend chosen: no choosing here
         self.buffers = self.graphs = None
         self.peers = None  # tensor parallelism: the other ranks (tensor_parallel.Peers), told every step
         if self.device.type != "cuda":

@@ -1,27 +1,18 @@
-"""Attention on x86 CPUs: the compiled decode and prefill kernels where they apply, the reference
-elsewhere.
+"""Attention on x86 CPUs: the compiled decode and prefill kernels, reading K/V in place in the block pool.
 
-Decode at batch 32 spent most of its attention time gathering each sequence's K/V out of the block pool;
-the kernel reads them in place (0.37 vs 8.3 ms a layer at batch 32, 176 tokens, SmolLM2's shapes:
-`python bench/kernel_bench.py --cpu`); on CPUs with AVX-512 it runs at AVX-512 width (cpu_decode.h: a key
-row loaded once for every query head that shares it; 0.87 vs 1.05 ms a layer at batch 64 x 200 tokens,
-the pool too large for the caches, on an AMD EPYC Zen 5). An append prefill of a few tokens (a round-robin turn: the other
-agents' tokens added to a session) is the same computation row by row, new token j of a sequence being a
-query over the first `seq_lens[b] - q_len + j + 1` positions, so it goes to the kernel too. Measured per
-layer, 5 sequences with 1024 cached tokens, against the gather + SDPA path: 9.3x at 1 new token, 4.1x at
-4, 2.4x at 8, 1.5x at 16, 1.1x at 32, 0.9x at 64 on one machine; where the two cross differs between
-CPUs, so the limit is measured on the machine at hand (`row_limit`, once per head shape, cached with the
-linear choices) and applied per sequence: a sequence's path depends on its own new tokens, not on what
-else is in the step. Longer appends and whole prompts go, on CPUs with AVX-512, to the tiled prefill
-kernel (cpu_prefill.h: 48 query rows a tile, K/V read in place; 3.7 vs 11.9 ms a layer for a
-1024-token prompt against gather + SDPA on an AMD EPYC Zen 5), which then is what the row limit is
-measured against. What the kernels do not cover (another dtype or head size, a device other than the
-CPU, no AVX-512 for prefills) goes to the reference, whose contract they share.
+Decode rows go to the decode kernel (cpu_decode.h; AVX-512 width where the CPU has it: a key row loaded
+once for every query head that shares it). An append prefill of a few tokens (a round-robin turn: the
+other agents' tokens added to a session) is the same computation row by row, new token j of a sequence
+being a query over the first `seq_lens[b] - q_len + j + 1` positions, so it goes to the decode kernel too,
+up to a number of new tokens measured on the machine at hand (`row_limit`, once per head shape, cached
+with the linear choices; where row-by-row stops winning differs between CPUs) and applied per sequence: a
+sequence's path depends on its own new tokens, not on what else is in the step. Longer appends and whole
+prompts go to the tiled prefill kernel (cpu_prefill.h: 48 query rows a tile) on CPUs with AVX-512, and as
+gather + SDPA (reference.py's prefill) on the others. Timings: bench/results/cpu_kernels.md.
 
-Sliding-window layers (`window=W`): the kernel always reads a sequence from its first token, so it takes
-them only while no query is further than W tokens in (the window then changes nothing); past that they
-go to the reference, which reads just the window. Chunked layers (`chunk=C`, Llama 4) likewise: the kernels
-while every sequence is within its first chunk, the reference past it.
+What the kernels cannot run is decided before a model runs (engine/attention_backend.py's table: fp32 or
+bf16 K/V on the CPU, the head sizes of cpu_attention.cpp, no sliding-window or chunked layers: they read
+a sequence from its first token); such a model gets the torch backend. A call outside that fails here.
 """
 import functools
 
@@ -29,8 +20,6 @@ import torch
 
 from . import cpu_ext, reference
 from .notices import warn_once
-
-CHUNKED_ATTENTION = True  # takes `chunk` (layers/attention.py asks before passing it)
 
 ROW_LIMIT_CANDIDATES = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # new tokens per sequence, timed by row_limit
 BUSY_ROW_LIMIT = 32  # when the timings are noise (another process had the cores): what one quiet machine measured
@@ -46,53 +35,43 @@ def unavailable_reason(device_type="cpu"):
     return cpu_ext.unsupported_reason() or "their build failed (logged above)"
 
 
-def _kernel(q, k_cache):
+def _kernel(q, k_cache, window=None):
     ext = cpu_ext.load()
     if ext is None:
-        return None
-    if q.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.bfloat16):
-        warn_once(f"byzantium: the CPU attention kernel takes an fp32 or bf16 KV cache on the CPU; {k_cache.dtype} "
-                  f"on {q.device.type} uses the torch reference")
-        return None
-    if not ext.decode_supported(q.shape[-1]):
-        warn_once(f"byzantium: the CPU attention kernel does not support head size {q.shape[-1]}; "
-                  f"it uses the torch reference")
-        return None
+        raise RuntimeError(f"the cpu attention backend needs the compiled CPU kernels ({unavailable_reason()})")
+    if window is not None:
+        raise ValueError("the cpu attention backend has no sliding-window attention; choose_attention_backend "
+                         "gives such models the torch backend")
+    if q.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.bfloat16) or not ext.decode_supported(
+            q.shape[-1]):
+        raise ValueError(f"the cpu attention backend takes an fp32 or bf16 KV cache on the CPU and head sizes of "
+                         f"cpu_attention.cpp, not {k_cache.dtype} on {q.device.type} with head size {q.shape[-1]}")
     return ext
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping):
-    """The compiled copy (one call for k and v, strided views taken as they are) where it applies."""
-    ext = cpu_ext.load()
-    if (ext is None or k.device.type != "cpu" or k.dtype != k_cache.dtype or slot_mapping.dtype != torch.int64
-            or not all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))):
-        return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
-    ext.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    """One compiled copy for k and v (views whose heads are rows of contiguous dims taken as they are)."""
+    k, v = (t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous() for t in (k, v))
+    cpu_ext.load().store_kv(k, v, k_cache, v_cache, slot_mapping.long())
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, chunk=None):
-    ext = _kernel(q, k_cache)
-    if ext is None or not _within(window, seq_lens, chunk):
-        return reference.paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window, chunk)
-    return _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale)
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
+    return _decode(_kernel(q, k_cache, window), q, k_cache, v_cache, seq_lens, block_tables, scale)
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
-                             max_lens=None, chunk=None):
-    ext = _kernel(q, k_cache)
-    if ext is None or not _within(window, seq_lens, chunk):
-        return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
-                                                   window, chunk=chunk)
+                             max_lens=None):
+    ext = _kernel(q, k_cache, window)
     limit = row_limit(q.shape[1], k_cache.shape[-2], q.shape[-1], k_cache.shape[1])
-    rows, rest = reference._per_step("cpu-split", (cu_seqlens_q, seq_lens, block_tables),
-                                     lambda: _split(cu_seqlens_q, seq_lens, block_tables, limit))
+    rows, rest = reference.per_step("cpu-split", (cu_seqlens_q, seq_lens, block_tables),
+                                    lambda: _split(cu_seqlens_q, seq_lens, block_tables, limit))
     if rest is None:  # every sequence row by row
         return _decode(ext, q, k_cache, v_cache, rows[1], rows[2], scale)
     if rows is None:
-        return _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window)
+        return _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     out = torch.empty_like(q)
     out[rows[0]] = _decode(ext, q[rows[0]], k_cache, v_cache, rows[1], rows[2], scale)
-    out[rest[0]] = _prefill(ext, q[rest[0]], k_cache, v_cache, rest[1], rest[2], rest[3], scale, window)
+    out[rest[0]] = _prefill(ext, q[rest[0]], k_cache, v_cache, rest[1], rest[2], rest[3], scale)
     return out
 
 
@@ -101,22 +80,14 @@ def _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale):
     return ext.paged_decode_attention(q.float(), k_cache, v_cache, seq_lens, block_tables, scale).to(q.dtype)
 
 
-def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None):
-    """The tiled prefill kernel (cpu_prefill.h) where the CPU has AVX-512, the reference elsewhere."""
-    if not ext.prefill_supported(q.shape[-1]):
-        return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
-                                                   window)
+def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
+    """The tiled prefill kernel (cpu_prefill.h) where the CPU has AVX-512, gather + SDPA elsewhere."""
+    if not ext.prefill_supported(q.shape[-1]):  # this CPU's prefill path (row_limit is measured against it)
+        return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     if q.dtype == k_cache.dtype == torch.bfloat16 and ext.avx512_bf16_supported():  # bf16 dot products, bf16 out
         return ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     return ext.paged_prefill_attention(q.float(), k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
                                        scale).to(q.dtype)
-
-
-def _within(window, seq_lens, chunk=None):
-    """Whether a window (or chunk) leaves every query of the step all of its keys (none, or no sequence longer)."""
-    reach = min((w for w in (window, chunk) if w is not None), default=None)
-    return reach is None or reference._per_step(
-        f"cpu-within-{reach}", (seq_lens,), lambda: int(seq_lens.max()) <= reach)
 
 
 def _split(cu_seqlens_q, seq_lens, block_tables, limit):
