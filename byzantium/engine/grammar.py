@@ -22,7 +22,7 @@ are compiled without flexible whitespace (", " and ": " between items, no newlin
 given free whitespace can emit it forever. A schema's own "x-guidance" options override that. A schema's
 objects take only the properties they name unless they say otherwise (backends/strict_schema.py), and
 JSON mode and JSON schemas end within max_tokens, their JSON whole (JsonCloser), and so do forced tool
-calls (tool_call_closing.py).
+calls (tool_call_closing.py) and regexes (regex_closing.py: matching, never cut inside a character).
 
 Speculation (speculation.py) needs nothing more: its draft tokens are only inputs, every token kept is a
 sampled one, drawn row after row from the grammar's mask for the state advanced through the tokens
@@ -42,6 +42,8 @@ import torch
 from .json_closing import JsonPrefix
 from .json_schema_closing import closing as schema_closing
 from .json_schema_closing import members
+from .regex_closing import RegexCloser
+from .regex_closing import automaton as regex_automaton
 from .tool_call_closing import ToolCallCloser
 
 INSTALL = ("structured outputs (SamplingParams json_schema, json_object, regex, choice, grammar) need the "
@@ -198,6 +200,7 @@ class Grammars:
         self.cache_size = cache_size
         self.compiled = OrderedDict()  # (kind, text) -> a fresh LLMatcher
         self.reserves = {}  # (kind, text) of a JSON schema -> its JsonCloser's reserve
+        self.automata = {}  # (kind, text) of a regex -> its Automaton (regex_closing.py), None if unread
         self._tokenizer = None
 
     @property
@@ -234,6 +237,7 @@ class Grammars:
         while len(self.compiled) > self.cache_size:
             old, _ = self.compiled.popitem(last=False)
             self.reserves.pop(old, None)
+            self.automata.pop(old, None)
         return matcher
 
     def start(self, params):
@@ -254,6 +258,11 @@ class Grammars:
             closer = JsonCloser(self.tokenizer, schema, self.reserves[spec])
         elif spec[0] == "grammar":  # a forced tool call's grammar ends within max_tokens too
             closer = ToolCallCloser.of(self.tokenizer, spec[1], self.eos_token_ids)
+        elif spec[0] == "regex" and self.eos_token_ids:  # and a regex, never inside a character
+            if spec not in self.automata:
+                self.automata[spec] = regex_automaton(ascii_digits(spec[1]))
+            if self.automata[spec] is not None:
+                closer = RegexCloser(self.tokenizer, self.automata[spec], self.eos_token_ids[0])
         return GrammarState(matcher, closer)
 
 
