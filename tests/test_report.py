@@ -148,7 +148,7 @@ def test_published_numbers_only_where_they_match(runs):
     assert "SAC Table 3" in sac["paper"]
     sweep_rows = [r for title, rs in tables([sweep]).items() if title.startswith("Corruption sweep") for r in rs]
     (paper,) = [r for r in sweep_rows if r["method"] == "RRMaj (paper)"]
-    assert "59.5 % (CT Table 1)" == paper["2c1t"] and paper["0c3t (ceiling)"] == ""
+    assert "59.5 % (CT Table 1)" == paper["2c1t"] and paper["0c3t (no adversary)"] == ""
     assert not [r for r in sweep_rows if r["method"] == "MAJ (paper)"]
 
 
@@ -161,7 +161,7 @@ def test_corruption_sweep_and_delta(runs):
     for name, method, c, k in CT[:4]:
         good, _ = records(sweep / name)
         acc[(method, c)] = {r["id"]: float(r["correct"]) for r in good}
-    for c, col in ((0, "0c3t (ceiling)"), (2, "2c1t")):
+    for c, col in ((0, "0c3t (no adversary)"), (2, "2c1t")):
         assert point(rows["MAJ"][col]) == pct(sum(acc[("maj", c)].values()) / LIMIT)
         assert point(rows["RRMaj"][col]) == pct(sum(acc[("rrmaj", c)].values()) / LIMIT)
         delta = sum(acc[("rrmaj", c)][i] - acc[("maj", c)][i] for i in acc[("maj", c)]) / LIMIT

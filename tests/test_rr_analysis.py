@@ -152,7 +152,7 @@ def test_sweep_table():
     rows += [dict(dataset="GSM8K", method="MAJ", c=1, n=5, accuracy=0.0)]  # another N: ignored
     acc = {("AQuA", "maj", 2): 0.5, ("AQuA", "rrmaj", 2): 0.6, ("AQuA", "maj", 0): 0.7}
     t = sweep_table(rows + [dict(dataset=d, method=m, c=c, accuracy=a) for (d, m, c), a in acc.items()], n=3)
-    assert t["columns"] == ["0c3t (ceiling)", "1c2t", "2c1t", "3c0t (floor)"]
+    assert t["columns"] == ["0c3t (no adversary)", "1c2t", "2c1t", "3c0t (all corrupted)"]
     by = {(r["dataset"], r["method"]): r["values"] for r in t["rows"]}
     assert by[("GSM8K", "MAJ")] == [0.9, 0.8, 0.4, 0.1]
     assert by[("GSM8K", "Δ")] == pytest.approx([0.0, 0.05, 0.3, 0.1])

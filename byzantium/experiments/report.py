@@ -98,14 +98,14 @@ def sweep_tables(cells) -> list:
     tables, members = {}, {}  # members: the cells each table's numbers come from (for its footnote)
     for g in data.corruption_sweep(cells):
         cols = g["columns"]
-        labels = [c["label"] + (" (ceiling)" if c["c"] == 0 else " (floor)" if c["c"] == g["n"] else "")
+        labels = [c["label"] + (" (no adversary)" if c["c"] == 0 else " (all corrupted)" if c["c"] == g["n"] else "")
                   for c in cols]
         t = tables.setdefault(tuple(labels), Table(
             f"Corruption sweep: MAJ vs RRMaj (N={g['n']}; {', '.join(c['label'] for c in cols)})",
             ["setting", "method"] + labels, [],
-            ["accuracy %, 95% CI over problems; Δ = RRMaj - MAJ in points, paired over problems; 0c is "
-             "the ceiling (no corrupted agent), all corrupted the floor; an average resamples each setting's "
-             "problems on their own."]))
+            ["accuracy %, 95% CI over problems; Δ = RRMaj - MAJ in points, paired over problems; 0c (no "
+             "corrupted agent) is the reference without an adversary, not a bound: a method may score higher "
+             "under some corruption; an average resamples each setting's problems on their own."]))
         t.rows += [[g["label"], "MAJ"] + [diag.mark(pct(c["maj_ci"]), c["maj"]) for c in cols],
                    [g["label"], "RRMaj"] + [diag.mark(pct(c["rrmaj_ci"]), c["rrmaj"]) for c in cols],
                    [g["label"], "Δ (points)"] + [diag.mark(pct(c["delta"], True), c["maj"], c["rrmaj"]) for c in cols]]

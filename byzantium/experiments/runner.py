@@ -31,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
+from .progress import bar_format
+
 RESULTS, SUMMARY, COSTS = "results.jsonl", "summary.json", "costs.jsonl"
 COUNTED = ("decode_tokens", "prefill_tokens", "cached_tokens", "prefill_seconds", "decode_seconds")
 MAX_ATTEMPTS = 3  # runs of one instance on replicas that keep dying, before it becomes an error row
@@ -235,12 +237,17 @@ async def run_async(items, solve, out, key=None, concurrency=64, stats=None, des
     seen = {r["id"] for r in done}
     todo = [(i, item) for i, item in zip(ids, items) if i not in seen]
     added = []
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="inst",
-               disable=not progress, dynamic_ncols=True)
+    initial = len(items) - len(todo)
+    bar = tqdm(total=len(items), initial=initial, desc=desc, unit="inst",
+               disable=not progress, dynamic_ncols=True, bar_format=bar_format(False))
     start, tokens0 = time.perf_counter(), _tokens(stats)
+    # Instances that all start at once end together, near the end: a time left from the first of them to
+    # end says nothing. It is shown once instances finished in this run and they go through in waves.
+    waves = placed is not None or len(todo) > concurrency
 
     def tick():
         rate = (_tokens(stats) - tokens0) / max(time.perf_counter() - start, 1e-9)
+        bar.bar_format = bar_format(waves and bar.n > initial)
         bar.set_postfix_str(f"{rate:.1f} gen tok/s" + (f"; {placed.postfix()}" if placed else ""), refresh=False)
         bar.refresh()
 

@@ -82,7 +82,7 @@ def _mean(xs):
 
 
 def sweep_table(acc, n=5):
-    """The paper's corruption sweep: columns 0cNt (ceiling) … Nc0t (floor), rows MAJ, RRMaj and
+    """The paper's corruption sweep: columns 0cNt (no adversary) … Nc0t (all corrupted), rows MAJ, RRMaj and
     Δ = RRMaj − MAJ per dataset, then the same averaged over datasets (a cell's average is over the
     datasets that have it; Δ's average is the mean of the datasets' Δ). Rows whose n differs are ignored.
     Returns {"n", "columns", "rows": [{"dataset", "method", "values"}]} (values None when missing)."""
@@ -109,7 +109,7 @@ def sweep_table(acc, n=5):
     if datasets:
         rows += [dict(dataset="Average", method=m, values=[_mean(per[(m, c)]) for c in cs])
                  for m in ("MAJ", "RRMaj", "Δ")]
-    columns = [config_label(c, n) + (" (ceiling)" if c == 0 else " (floor)" if c == n else "") for c in cs]
+    columns = [config_label(c, n) + (" (no adversary)" if c == 0 else " (all corrupted)" if c == n else "") for c in cs]
     return dict(n=n, columns=columns, rows=rows)
 
 
