@@ -74,8 +74,8 @@ def _w13_kernel(
         w_mask = mask_k[:, None] & mask_n[None, :]
         gate = tl.load(w + offs_n[None, :] * stride_wn + offs_k[:, None], mask=w_mask, other=0.0)  # [K, N]
         up = tl.load(w + (inter + offs_n[None, :]) * stride_wn + offs_k[:, None], mask=w_mask, other=0.0)
-        if HAS_SCALE:  # FP8 tiles to the activations' dtype (exact)
-            gate, up = gate.to(a.dtype), up.to(a.dtype)
+        if HAS_SCALE:  # FP8 tiles to the activations' dtype (exact), through fp32: see _fp8_to
+            gate, up = _fp8_to(gate, a.dtype), _fp8_to(up, a.dtype)
         acc_gate = tl.dot(a, gate, acc_gate, input_precision=DOT_PRECISION)
         acc_up = tl.dot(a, up, acc_up, input_precision=DOT_PRECISION)
     if HAS_SCALE:  # the output rows' scales, once
@@ -85,6 +85,13 @@ def _w13_kernel(
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
     tl.store(out_ptr + pairs[:, None].to(tl.int64) * stride_ot + offs_n[None, :],
              h.to(out_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _fp8_to(x, dtype: tl.constexpr):
+    """An e4m3 tile as `dtype` through fp32: Triton 3.6 converts e4m3 to bf16 through f16 with a cvt.bf16.f16
+    that ptxas has only from sm_90, so on sm_89 (where FP8 starts) the direct conversion does not compile."""
+    return x.to(tl.float32).to(dtype)
 
 
 @triton.jit
@@ -114,7 +121,7 @@ def _w2_kernel(
         b = tl.load(w + offs_n[None, :] * stride_wn + offs_k[:, None],
                     mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         if HAS_SCALE:
-            b = b.to(a.dtype)
+            b = _fp8_to(b, a.dtype)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + expert * stride_se + offs_n, mask=mask_n, other=0.0)[None, :]
