@@ -55,6 +55,9 @@ def add_commands(parser, commands, dest, metavar=None):
     return parsers
 
 
+TASK_KEYS = ("task", "data", "limit", "sample", "sample_seed", "seed")  # task_args's flags a sweep may set
+
+
 def task_args(ap, default_limit):
     ap.add_argument("--task", default=None,
                     help="gen-arith (default), gen-track, gen-order, or a dataset format with --data "

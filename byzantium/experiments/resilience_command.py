@@ -195,7 +195,12 @@ def _print_done(out, run_dirs, many):
         print_summary(json.loads((Path(out) / SUMMARY).read_text()))
 
 
+# The flags (by dest) an experiment file may set (--system all and --sweep are not: a sweep's axes are).
+RESILIENCE_KEYS = ("system", "task", "data", "fault", "pm", "pe", "error_type", "faulty_role", "defense", "model",
+                   "limit", "seed", "rounds", "max_tokens", "fault_max_tokens", "inspector_max_tokens",
+                   "inspector_json", "concurrency")
+
 RUN_METHODS = [
     Command("resilience", "a collaboration structure (linear/flat/hierarchical) with a faulty agent and defences",
-            add_resilience_args, cmd_resilience),
+            add_resilience_args, cmd_resilience, sweep_keys=RESILIENCE_KEYS),
 ]

@@ -7,7 +7,7 @@ checks before any model loads, and the run (experiments/rr.py).
 from functools import partial
 
 from ..backends import DEFAULT_MODEL, add_backend_args, check_models, pool_kwargs
-from ..commands import Command, already_done, load_questions, run_pool, task_args
+from ..commands import TASK_KEYS, Command, already_done, load_questions, run_pool, task_args
 from ..protocols.attacks import ATTACK_MODES, CANDIDATES
 from ..protocols.rr_prompts import TEMPERATURE
 from .rr import check_config, print_table, run_rr_experiment, settings
@@ -99,11 +99,17 @@ def cmd_run(args):
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 
+# The flags (by dest) an experiment file may set, per method: MAJ's parser takes --chunk but MAJ has no
+# turns, so a sweep over K runs MAJ once.
+MAJ_KEYS = ("agents", "corrupt", "max_len", "attack", "order", "model", "models", "allow_identical", "temperature",
+            "concurrency") + TASK_KEYS
+RR_KEYS = MAJ_KEYS + ("chunk", "attack_mode", "candidates")
+
 RUN_METHODS = [
     Command("maj", "majority vote of N independent answers (\"The Consensus Trap\")",
-            partial(run_args, method="maj"), cmd_run),
+            partial(run_args, method="maj"), cmd_run, sweep_keys=MAJ_KEYS),
     Command("rr", "token-level round-robin: N agents write one answer, K tokens a turn",
-            partial(run_args, method="rr"), cmd_run),
+            partial(run_args, method="rr"), cmd_run, sweep_keys=RR_KEYS),
     Command("rrmaj", "M round-robin trajectories and a plurality vote over them",
-            partial(run_args, method="rrmaj"), cmd_run),
+            partial(run_args, method="rrmaj"), cmd_run, sweep_keys=RR_KEYS + ("trajectories",)),
 ]

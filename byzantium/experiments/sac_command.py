@@ -9,7 +9,7 @@ import argparse
 from functools import partial
 
 from ..backends import DEFAULT_MODEL, SamplingParams, add_backend_args, check_models, pool_kwargs
-from ..commands import Command, already_done, load_questions, run_pool, task_args
+from ..commands import TASK_KEYS, Command, already_done, load_questions, run_pool, task_args
 from ..protocols.byzantine import ADVERSARY_MODES
 from ..protocols.prompts import TEMPERATURE
 from .runner import check_resume
@@ -162,9 +162,14 @@ def cmd_run_sac(args):
     print(f"results in {out}/results.jsonl, summary in {out}/summary.json")
 
 
+# The flags (by dest) an experiment file may set (--graph, a file of edges, is not one: a topology is).
+SAC_KEYS = ("agents", "weak", "byzantine", "adversary", "F", "robustness", "rounds", "topology", "strong_model",
+            "weak_model", "adversary_model", "score_mode", "max_tokens", "temperature", "judge_max_tokens",
+            "concurrency") + TASK_KEYS
+
 RUN_METHODS = [
     Command("sac", "Self-Anchored Consensus on an (F+1)-robust graph with Byzantine agents",
-            partial(sac_args, protocol="sac"), cmd_run_sac),
+            partial(sac_args, protocol="sac"), cmd_run_sac, sweep_keys=SAC_KEYS + ("logprob_kind", "ra_ties")),
     Command("cpwbft", "the CP-WBFT baseline (confidence-weighted local updates)",
-            partial(sac_args, protocol="cpwbft"), cmd_run_sac),
+            partial(sac_args, protocol="cpwbft"), cmd_run_sac, sweep_keys=SAC_KEYS + ("all_rounds",)),
 ]

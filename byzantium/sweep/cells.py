@@ -1,42 +1,50 @@
-"""One cell of an experiment file (config.py): the keys a file may set, each the `byzantium run` flag it
-stands for and the methods that have it, and the Cell one point of the settings makes (its argv, the
-models it loads, a directory name from what varies)."""
+"""One cell of an experiment file (config.py): the keys a file may set, and the Cell one point of the
+settings makes (its argv, the models it loads, a directory name from what varies).
+
+A key is a flag of `byzantium run <method>` that the method's Command declares a sweep may vary
+(`sweep_keys`, next to its flags in experiments/*_command.py): its flag, its type and the methods that
+have it are read from there, not listed here again. The sweep's own keys (pattern, corrupted, budget,
+method) are below."""
+import argparse
 import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..experiments import resilience_command, rr_command, sac_command
 from ..experiments.report_cells import short_model
+from ..experiments.run_command import RUN_METHODS
 
-RR, SAC, RES = {"maj", "rr", "rrmaj"}, {"sac", "cpwbft"}, {"resilience"}
-METHODS = ("maj", "rr", "rrmaj", "sac", "cpwbft", "resilience")
+# The families: the methods of one paper, which share its settings (a pattern, a budget, their defaults).
+RR, SAC, RES = ({command.name for command in module.RUN_METHODS}
+                for module in (rr_command, sac_command, resilience_command))
+METHODS = tuple(command.name for command in RUN_METHODS)
+SPELLING = {"defense": "defence"}  # a flag's dest -> its key where the files spell it otherwise
 
+
+def _declared_flags():
+    """key -> (its argparse action, the methods that declare it), from each run method's parser."""
+    declared = {}
+    for command in RUN_METHODS:
+        ap = argparse.ArgumentParser()
+        command.add_args(ap)
+        actions = {action.dest: action for action in ap._actions}
+        for dest in command.sweep_keys:
+            action, methods = declared.setdefault(SPELLING.get(dest, dest), (actions[dest], set()))
+            if action.option_strings != actions[dest].option_strings:
+                raise RuntimeError(f"{dest}: {command.name}'s flag is not the other methods' ({action.option_strings})")
+            methods.add(command.name)
+    return declared
+
+
+DECLARED = _declared_flags()
 # key -> (its flag, the methods that have it); a flag of None is a key of the sweep's own.
-KEYS = {
-    "agents": ("--agents", RR | SAC), "corrupt": ("--corrupt", RR), "chunk": ("--chunk", {"rr", "rrmaj"}),
-    "trajectories": ("--trajectories", {"rrmaj"}), "max_len": ("--max-len", RR), "attack": ("--attack", RR),
-    "order": ("--order", RR), "models": ("--models", RR), "allow_identical": ("--allow-identical", RR),
-    "attack_mode": ("--attack-mode", {"rr", "rrmaj"}), "candidates": ("--candidates", {"rr", "rrmaj"}),
-    "model": ("--model", RR | RES),
-    "weak": ("--weak", SAC), "byzantine": ("--byzantine", SAC), "adversary": ("--adversary", SAC),
-    "F": ("--f", SAC), "topology": ("--topology", SAC), "strong_model": ("--strong-model", SAC),
-    "weak_model": ("--weak-model", SAC), "adversary_model": ("--adversary-model", SAC),
-    "score_mode": ("--score-mode", SAC), "judge_max_tokens": ("--judge-max-tokens", SAC),
-    "logprob_kind": ("--logprob-kind", {"sac"}), "ra_ties": ("--ra-ties", {"sac"}),
-    "all_rounds": ("--all-rounds", {"cpwbft"}), "robustness": ("--robustness", SAC),
-    "rounds": ("--rounds", SAC | RES), "max_tokens": ("--max-tokens", SAC | RES),
-    "system": ("--system", RES), "fault": ("--fault", RES), "defence": ("--defense", RES), "pm": ("--pm", RES),
-    "pe": ("--pe", RES), "error_type": ("--error-type", RES), "faulty_role": ("--faulty-role", RES),
-    "fault_max_tokens": ("--fault-max-tokens", RES), "inspector_max_tokens": ("--inspector-max-tokens", RES),
-    "inspector_json": ("--inspector-json", RES),
-    "task": ("--task", RR | SAC | RES), "data": ("--data", RR | SAC | RES), "limit": ("--limit", RR | SAC | RES),
-    "sample": ("--sample", RR | SAC), "sample_seed": ("--sample-seed", RR | SAC),
-    "seed": ("--seed", RR | SAC | RES), "temperature": ("--temperature", RR | SAC),
-    "concurrency": ("--concurrency", RR | SAC | RES),
+KEYS = {key: (next(o for o in action.option_strings if o.startswith("--")), methods)
+        for key, (action, methods) in DECLARED.items()} | {
     "pattern": (None, RR), "corrupted": (None, RR), "method": (None, RR | SAC | RES),
     "budget": (None, RR | SAC),  # corrupted agents of N: RR's --corrupt, SAC's --byzantine (one scale for both)
 }
-BOOL_KEYS = ("allow_identical", "all_rounds", "inspector_json")
+BOOL_KEYS = tuple(key for key, (action, _) in DECLARED.items() if action.nargs == 0)  # store_true flags
 PER_TASK = ("max_len", "max_tokens")  # settings a task table may carry: each data set's own length limit
 
 
@@ -166,29 +174,42 @@ def make_cell(point, sources, axis_names, root, check_files, where):
 
 
 def _check_type(key, value, fail):
-    ints = ("agents", "corrupt", "chunk", "trajectories", "max_len", "weak", "byzantine", "F", "rounds",
-            "max_tokens", "judge_max_tokens", "fault_max_tokens", "inspector_max_tokens", "limit", "seed",
-            "concurrency", "sample", "sample_seed", "candidates")
-    if key in ("weak", "byzantine", "robustness") and isinstance(value, float) and 0.0 <= value <= 1.0:
-        return  # a share of the agents (SAC's line-up and graphs scaled with n)
-    if key == "F" and value == "auto":
-        return  # the largest F the graph is certified for
-    if key in ints + ("robustness",) and (not isinstance(value, int) or isinstance(value, bool)):
-        fail(key, f"an integer, got {value!r}")
-    if key in ("temperature", "pm", "pe") and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-        fail(key, f"a number, got {value!r}")
-    if key in BOOL_KEYS and not isinstance(value, bool):
-        fail(key, f"true or false, got {value!r}")
-    if key in ("models", "corrupted") and not (isinstance(value, list) and value):
-        fail(key, f"a non-empty list, got {value!r}")
-    if key == "models" and not all(isinstance(m, str) and m for m in value):
-        fail(key, "model names (strings)")
-    if key == "corrupted" and not all(isinstance(i, int) for i in value):
-        fail(key, "agent indices (integers)")
-    if key in ("model", "strong_model", "weak_model", "adversary_model", "attack", "order", "adversary", "topology",
-               "attack_mode", "score_mode", "logprob_kind", "ra_ties", "system", "fault", "defence", "error_type", "faulty_role",
-               "data") and not isinstance(value, str):
-        fail(key, f"a string, got {value!r}")
+    """The value's type is the one its flag parses (int, float, a switch, a string; a flag's own type
+    function, such as SAC's count-or-share, is called on it); the run parser checks the value itself."""
+    if key in ("models", "corrupted"):
+        if not (isinstance(value, list) and value):
+            fail(key, f"a non-empty list, got {value!r}")
+        if key == "models" and not all(isinstance(m, str) and m for m in value):
+            fail(key, "model names (strings)")
+        if key == "corrupted" and not all(isinstance(i, int) for i in value):
+            fail(key, "agent indices (integers)")
+        return
+    if key not in DECLARED or key == "task":  # the sweep's own keys; a task may be a table (_task)
+        return
+    action = DECLARED[key][0]
+    if action.nargs == 0:
+        if not isinstance(value, bool):
+            fail(key, f"true or false, got {value!r}")
+    elif isinstance(value, bool):
+        fail(key, f"not a switch: give a value, got {value!r}")
+    elif action.type is int:
+        if not isinstance(value, int):
+            fail(key, f"an integer, got {value!r}")
+    elif action.type is float:
+        if not isinstance(value, (int, float)):
+            fail(key, f"a number, got {value!r}")
+    elif action.type is None:
+        if not isinstance(value, str):
+            fail(key, f"a string, got {value!r}")
+    elif not isinstance(value, (int, float, str)):
+        fail(key, f"a value of {action.option_strings[-1]}, got {value!r}")
+    else:  # e.g. a count or a share of the agents (0.286), F or "auto"
+        try:
+            parsed = action.type(str(value))
+        except (argparse.ArgumentTypeError, ValueError) as error:
+            fail(key, str(error))
+        if isinstance(value, str) and not isinstance(parsed, str):  # "2": a number, written as one
+            fail(key, f"a number, not the string {value!r}")
 
 
 def _task(point, fail):
