@@ -11,20 +11,31 @@ Failures stay with their requests: a request whose forward pass failed raises it
 (the engine goes on with everyone else); a caller that is cancelled (a timeout, a client gone) has its
 requests aborted and their blocks freed.
 """
+from __future__ import annotations
+
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, cast
 
 from .engine import Engine
 from .sampling import SamplingParams
-from .sequence import Session
-from .sync_api import Outputs, candidate_lists, prompt_list
+from .sequence import Sequence, Session
+from .sync_api import (Candidate, Conversation, Outputs, Params, Prompt, Prompts, RequestOutput, candidate_lists,
+                       prompt_list)
+
+if TYPE_CHECKING:
+    import torch
+
+    from .stats import EngineStats
 
 logger = logging.getLogger("byzantium")
 
 
 class AsyncEngine:
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Engine(*args, **kwargs), built on the step thread."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byzantium-step")
         # Built on the thread that runs the steps: the CPU kernels' OpenMP threads then form one team. A
         # second team (from parallel work on another thread: loading, packing, timing the kernels) makes
@@ -32,46 +43,47 @@ class AsyncEngine:
         # region of a step then waits for a futex wake-up (measured: decode steps 15.5 -> 22.6 ms). What
         # this class computes on the event loop's thread (logits, log-softmax) is numpy, single-threaded.
         self.engine = self._executor.submit(Engine, *args, **kwargs).result()
-        self._waiters = {}  # seq_id -> (seq, future) of the requests in flight
-        self._after_step = []  # engine calls asked for while a step runs: made right after it
-        self._step_ended = []  # futures of coroutines waiting for the running step to end
-        self._streams = {}  # seq_id -> asyncio.Queue of a streamed request: told after every step
+        self._waiters: dict[int, tuple[Sequence, asyncio.Future[Sequence]]] = {}  # the requests in flight by seq_id
+        self._after_step: list[Callable[[], object]] = []  # engine calls asked for while a step runs: made right after it
+        self._step_ended: list[asyncio.Future[None]] = []  # coroutines waiting for the running step to end
+        self._streams: dict[int, asyncio.Queue[None]] = {}  # seq_id -> a streamed request's queue: told after every step
         self.arriving = 0  # requests waiting for the running step to end before they join the engine
-        self._loop_task = None
+        self._loop_task: asyncio.Task[None] | None = None
         self._stepping = False
 
     # the engine's read-only facts, for callers that need them
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     @property
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         return self.engine.stats
 
     @property
-    def step_records(self):
+    def step_records(self) -> EngineStats:
         return self.engine.step_records
 
-    def reset_stats(self):
+    def reset_stats(self) -> None:
         self.engine.reset_stats()
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return self.engine.describe()
 
     @property
-    def profile(self):
+    def profile(self) -> bool:
         return self.engine.profile
 
     @profile.setter
-    def profile(self, on):
+    def profile(self, on: bool) -> None:
         self.engine.profile = on  # read by the next step
 
-    def render_chat(self, conversation, untrusted=False, add_generation_prompt=True):
+    def render_chat(self, conversation: Conversation, untrusted: bool = False,
+                    add_generation_prompt: bool = True) -> list[int]:
         return self.engine.render_chat(conversation, untrusted, add_generation_prompt)
 
     # -- the loop -----------------------------------------------------------------------------------
-    async def _between_steps(self):
+    async def _between_steps(self) -> None:
         """Return when no step runs (then the engine may be touched until the next await)."""
         while self._stepping:
             ended = asyncio.get_running_loop().create_future()
@@ -79,21 +91,22 @@ class AsyncEngine:
             await ended
 
     @property
-    def num_waiting(self):
+    def num_waiting(self) -> int:
         """Requests not running yet: queued in the scheduler, or arrived during the running step."""
         return len(self.engine.scheduler.waiting) + self.arriving
 
     @property
-    def num_running(self):
+    def num_running(self) -> int:
         return len(self.engine.scheduler.running)
 
-    def _now_or_after_step(self, action):
+    def _now_or_after_step(self, action: Callable[[], object]) -> None:
         if self._stepping:
             self._after_step.append(action)
         else:
             action()
 
-    async def _add(self, add):
+    async def _add(self, add: Callable[[], list[Sequence]]
+                   ) -> tuple[list[Sequence], list[asyncio.Future[Sequence]]]:
         """add() queues requests on the engine (between steps); returns their sequences and futures."""
         self.arriving += 1
         try:
@@ -110,7 +123,7 @@ class AsyncEngine:
             self._loop_task = asyncio.create_task(self._run())
         return seqs, futures
 
-    async def _run_requests(self, add):
+    async def _run_requests(self, add: Callable[[], list[Sequence]]) -> list[Sequence]:
         """add() queues requests on the engine; wait until they end and return their sequences."""
         seqs, futures = await self._add(add)
         try:
@@ -122,7 +135,7 @@ class AsyncEngine:
             raise
         return seqs
 
-    def _end_step(self):
+    def _end_step(self) -> None:
         """After a step: the aborts and closes that waited for it, then whoever waited for its end."""
         self._stepping = False
         actions, self._after_step = self._after_step, []
@@ -136,7 +149,7 @@ class AsyncEngine:
             if not future.done():
                 future.set_result(None)
 
-    async def _run(self):
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(0)  # let every ready coroutine enqueue its request first
@@ -154,7 +167,7 @@ class AsyncEngine:
             except Exception as error:  # noqa: BLE001 - not a failed forward pass (step handles those): a bug
                 logger.exception("byzantium: an engine step raised; failing the requests in flight")
                 ended = []
-                for seq, future in list(self._waiters.values()):
+                for seq, _ in list(self._waiters.values()):
                     seq.error = error
                     self.engine.abort(seq)
                     ended.append(seq)
@@ -178,11 +191,12 @@ class AsyncEngine:
             queue.put_nowait(None)
 
     # -- operations ---------------------------------------------------------------------------------
-    async def generate(self, prompts, params=None, *, tag=None):
+    async def generate(self, prompts: Prompts, params: Params = None, *, tag: str | None = None) -> Outputs:
         seqs = await self._run_requests(lambda: self.engine.add_requests(prompts, params, tag=tag))
         return Outputs(self.engine.output(s) for s in seqs)
 
-    async def stream(self, prompt, params=None, *, tag=None):
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
+                     tag: str | None = None) -> AsyncIterator[Sequence]:
         """One request, as it goes: yields its Sequence after every step (read `seq.output_ids`; tokens may
         not have changed) and once more when it ended (`seq.finish_reason` set; then `output(seq)`).
         A failed request raises its error here. Leaving the loop early (a client gone, a cancelled task)
@@ -202,43 +216,46 @@ class AsyncEngine:
                 future.cancel()
                 self._now_or_after_step(lambda: self.engine.abort(seq))
 
-    def output(self, seq):
+    def output(self, seq: Sequence) -> RequestOutput:
         """The RequestOutput of a streamed request's Sequence (text cut before a stop string)."""
         return self.engine.output(seq)
 
-    async def chat(self, conversations, params=None, untrusted=False, *, tag=None):
+    async def chat(self, conversations: Conversation | list[Conversation], params: Params = None,
+                   untrusted: bool = False, *, tag: str | None = None) -> Outputs:
         return await self.generate(self.engine.chat_prompts(conversations, untrusted), params, tag=tag)
 
-    async def logits(self, prompts, *, tag=None):
+    async def logits(self, prompts: Prompts, *, tag: str | None = None) -> torch.Tensor:
         import numpy as np
         import torch
         seqs = await self._run_requests(lambda: self.engine.add_requests(prompts, logits=True, tag=tag))
         # numpy, not torch.stack: no parallel region on the event loop's thread (see __init__)
-        return torch.from_numpy(np.stack([s.logits.numpy() for s in seqs]))
+        return torch.from_numpy(np.stack([cast("torch.Tensor", s.logits).numpy() for s in seqs]))
 
-    async def score(self, prompts, candidates, *, tag=None):
+    async def score(self, prompts: Prompts, candidates: list[Candidate] | list[list[Candidate]], *,
+                    tag: str | None = None) -> list[dict[Candidate, float]]:
         prompts = prompt_list(prompts)
         per_prompt = candidate_lists(prompts, candidates)
         return self.engine.logprobs_of(await self.logits(prompts, tag=tag), per_prompt)
 
-    async def open_session(self, prompt, *, tag=None):
+    async def open_session(self, prompt: str | list[int], *, tag: str | None = None) -> Session:
         return self.engine.open_session(prompt, tag=tag)
 
-    async def extend(self, session, tokens_or_text):
+    async def extend(self, session: Session, tokens_or_text: str | list[int]) -> int:
         # An idle session is not touched by a running step, so appending tokens here is safe.
         return self.engine.extend(session, tokens_or_text)
 
-    async def continue_(self, sessions, params=None, *, tag=None):
+    async def continue_(self, sessions: Session | list[Session], params: Params = None, *,
+                        tag: str | None = None) -> Outputs:
         seqs = await self._run_requests(lambda: self.engine.add_requests(sessions, params, tag=tag))
         return Outputs(self.engine.output(s) for s in seqs)
 
-    async def close_session(self, session):
+    async def close_session(self, session: Session) -> None:
         """Close a session in any state; a request in flight on it fails with a RuntimeError. While a step
         runs, the close happens right after it (even when this coroutine is cancelled meanwhile)."""
         if not isinstance(session, Session):
             raise TypeError(f"expected a Session, got {type(session).__name__}")
 
-        def close():
+        def close() -> None:
             _, future = self._waiters.pop(session.seq.seq_id, (None, None))
             self.engine.close_session(session)
             if future is not None and not future.done():
@@ -247,7 +264,7 @@ class AsyncEngine:
         self._now_or_after_step(close)
         await self._between_steps()
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         self._executor.submit(self.engine.close)  # on the thread that ran the steps, after the last one
         self._executor.shutdown(wait=False)
 
