@@ -471,3 +471,107 @@ def test_every_prefix_of_calls_closes_into_calls(name):
         for call in got:
             arguments = json.loads(call["arguments"])
             assert call["name"] in ("get_weather", "get_time") and isinstance(arguments, dict)
+
+
+# -- markers that are one token each (Qwen's) ------------------------------------------------------------------
+QWEN_TOOLS_MODEL = "tiny-qwen-tools"
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(smollm2_dir, tmp_path_factory):
+    """A tiny random Qwen2 whose tokenizer has <tool_call> and </tool_call> as added special tokens (one
+    token each, as Qwen's has them), TEMPLATE as its chat template."""
+    from transformers import AutoTokenizer
+    path = tmp_path_factory.mktemp("tiny-qwen-tools")
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(path)
+    build_tiny("qwen2", vocab_size=len(tok), bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen_tools(qwen_dir):
+    """(The tiny Qwen's tokenizer, a client of a server serving it.)"""
+    from transformers import AutoTokenizer
+
+    from byzantium.backends import LLMPool
+    from byzantium.server.app import build_app
+    pool = LLMPool("native", device="cpu", num_blocks=256, max_model_len=1024)
+    try:
+        with serve(build_app({QWEN_TOOLS_MODEL: pool.get(str(qwen_dir))})) as url:
+            yield AutoTokenizer.from_pretrained(qwen_dir), client_of(url)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_calls_close_within_max_tokens_when_markers_are_tokens(qwen_tools, parallel):
+    """As test_forced_calls_close_within_max_tokens, on a model whose call markers are one special token
+    each: the closing writes a marker as its token, and reads it back from the output."""
+    from byzantium.engine.json_closing import JsonPrefix
+    from byzantium.engine.json_schema_closing import closing
+    from byzantium.server.tools import call_schema
+    tok, client = qwen_tools
+    assert len(tok.encode("<tool_call>", add_special_tokens=False)) == 1
+    least_json = closing(JsonPrefix(), call_schema([TIME], "arguments"))
+    least = len(tok.encode(f"<tool_call>\n{least_json}\n</tool_call>", add_special_tokens=False))
+    choice = {"type": "function", "function": {"name": "get_time"}} if not parallel else "required"
+    closed = 0
+    for extra in (0, 9):
+        for seed in range(2):
+            reply = client.chat.completions.create(
+                model=QWEN_TOOLS_MODEL, messages=ASK, temperature=1.0, tools=[TIME], tool_choice=choice,
+                parallel_tool_calls=parallel, max_tokens=least + extra, seed=seed)
+            (choice0,) = reply.choices
+            assert choice0.message.content is None, (extra, choice0)
+            assert choice0.message.tool_calls and choice0.finish_reason in ("tool_calls", "length"), (extra, choice0)
+            for call in choice0.message.tool_calls:
+                valid_call(call)
+            assert reply.usage.completion_tokens <= least + extra
+            closed += choice0.finish_reason == "length"
+    assert closed > 0
+
+
+def test_a_marker_token_is_written_as_that_token(qwen_dir):
+    """The closing names a marker that is one token by its id (the call format carries it), not by its text:
+    under a tokenizer that would split the marker's text (as one that never matches added tokens in text
+    does), every prefix of a call still closes, each closing accepted by the grammar."""
+    from byzantium.engine import grammar
+    from byzantium.engine.tool_call_closing import ToolCallCloser, call_format
+    from byzantium.server.tool_parsers import PARSERS
+    from byzantium.server.tools import call_grammar, marker_tokens
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    hermes = PARSERS["hermes"]
+    text = call_grammar(hermes, [TIME], True, marker_tokens(tok, hermes))
+    grammars = grammar.Grammars(tok, len(tok), {2})
+
+    class SplittingTokenizer:  # the grammar engine's tokenizer, matching no added token in text
+        def tokenize_str(self, s):
+            return [i for char in s for i in grammars.tokenizer.tokenize_str(char)]
+
+        def decode_bytes(self, ids):
+            return grammars.tokenizer.decode_bytes(ids)
+
+    ids = tok.encode('<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+                     add_special_tokens=False)
+    marker = tok.convert_tokens_to_ids("<tool_call>")
+    assert ids[0] == marker
+    for cut in range(len(ids)):
+        state = grammar.GrammarState(grammars.compile("grammar", text).deep_copy(),
+                                     ToolCallCloser(SplittingTokenizer(), call_format(text), 2))
+        for token in ids[:cut]:
+            state.advance(token)
+        closing = None
+        for left in range(63, 0, -1):
+            state.closer.wait = 0
+            closing = state.closer.closing_tokens(ids[:cut], left) or closing
+            if closing:
+                break
+        assert closing and state.valid_prefix(closing) == len(closing), (cut, closing)
+        assert cut > 0 or closing[0] == marker
+        for token in closing:
+            state.advance(token)
+        assert state.ended, tok.decode(ids[:cut] + closing)

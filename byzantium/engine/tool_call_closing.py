@@ -9,8 +9,10 @@ between; Mistral: `[TOOL_CALLS]` and one JSON array of calls). It says so in a f
 (SamplingParams.grammar) and needs no field of its own. When the tokens left are about to be just enough,
 the request writes the rest of the marker it is in, the closing of its call's JSON and the end marker;
 between calls, it ends (EOS) once another whole call could no longer fit. The grammar checks every closing
-before it is forced (GrammarState.forced_token), so a closing this reads wrong (a marker that is an added
-token, whose text the tokenizer would split) is never written: the request then runs as before."""
+before it is forced (GrammarState.forced_token), so a closing this reads wrong is never written: the
+request then runs as before. A marker that is one added token (Qwen's `<tool_call>`) is named in the
+format's "tokens" (text -> id): the grammar takes it only as that token, so the closing writes it as that
+token, and reads it back as its text (the tokenizer would split its text, and decoding may skip it)."""
 import json
 
 from .json_closing import JsonPrefix
@@ -21,9 +23,11 @@ COMMENT = "// byzantium tool calls: "  # a Lark comment: llguidance skips it
 DECODER = json.JSONDecoder()
 
 
-def closing_comment(start, end, sep, schema, single):
-    """The first line of a call grammar, read by ToolCallCloser.of."""
-    return COMMENT + json.dumps({"start": start, "end": end, "sep": sep, "schema": schema, "single": single}) + "\n"
+def closing_comment(start, end, sep, schema, single, tokens=None):
+    """The first line of a call grammar, read by ToolCallCloser.of; tokens: {marker text: token id} of the
+    markers that are one token each."""
+    fmt = {"start": start, "end": end, "sep": sep, "schema": schema, "single": single, "tokens": tokens or {}}
+    return COMMENT + json.dumps(fmt) + "\n"
 
 
 def call_format(grammar):
@@ -37,6 +41,10 @@ def call_format(grammar):
         return None
     keys = {"start": str, "end": str, "sep": str, "schema": dict, "single": bool}
     if not isinstance(fmt, dict) or any(not isinstance(fmt.get(k), t) for k, t in keys.items()):
+        return None
+    tokens = fmt.setdefault("tokens", {})
+    if not isinstance(tokens, dict) or any(not isinstance(k, str) or not k or type(v) is not int
+                                           for k, v in tokens.items()):
         return None
     return fmt
 
@@ -104,11 +112,41 @@ class ToolCallCloser:
 
     def __init__(self, tokenizer, fmt, eos_token_id):
         self.tokenizer, self.fmt, self.eos = tokenizer, fmt, eos_token_id
+        self.markers = fmt["tokens"]  # text -> id of the markers that are one token
+        self.marker_text = {i: text for text, i in self.markers.items()}
         self.text, self.read, self.wait = "", 0, 0
         least = json_closing("", fmt["schema"]) or ""
         # one sampled token may add a marker piece or a schema member; a new call costs a whole one
         self.reserve = self.RESERVE + max([len(tokenizer.tokenize_str(t)) for t in members(fmt["schema"])], default=0)
-        self.next_call = len(tokenizer.tokenize_str(fmt["sep"] + fmt["start"] + least + fmt["end"]))
+        self.next_call = len(self.tokenize(fmt["sep"] + fmt["start"] + least + fmt["end"]))
+
+    def tokenize(self, text):
+        """Token ids of `text`, each marker that is a token as that token."""
+        ids, pos = [], 0
+        while pos < len(text):
+            found = [(text.find(m, pos), m) for m in self.markers if text.find(m, pos) >= 0]
+            at, marker = min(found, default=(len(text), None))
+            if at > pos:
+                ids += self.tokenizer.tokenize_str(text[pos:at])
+            if marker is None:
+                break
+            ids.append(self.markers[marker])
+            pos = at + len(marker)
+        return ids
+
+    def decode(self, ids):
+        """The text of `ids`, each marker token as its text."""
+        parts, run = [], []
+        for token in list(ids) + [None]:
+            if token is None or token in self.marker_text:
+                if run:
+                    parts.append(self.tokenizer.decode_bytes(run).decode("utf-8", "replace"))
+                    run = []
+                if token is not None:
+                    parts.append(self.marker_text[token])
+            else:
+                run.append(token)
+        return "".join(parts)
 
     @classmethod
     def of(cls, tokenizer, grammar, eos_token_ids):
@@ -119,7 +157,7 @@ class ToolCallCloser:
 
     def closing_tokens(self, output_ids, tokens_left):
         if len(output_ids) > self.read:
-            self.text += self.tokenizer.decode_bytes(list(output_ids[self.read:])).decode("utf-8", "replace")
+            self.text += self.decode(output_ids[self.read:])
             self.read = len(output_ids)
         if self.wait > 0:
             self.wait -= 1
@@ -133,7 +171,7 @@ class ToolCallCloser:
             # the wait also covers a call ending meanwhile, when the end may have to be forced
             self.wait = (tokens_left - max(len(text), self.next_call) - self.reserve) // (self.reserve + 1)
             return None
-        ids = self.tokenizer.tokenize_str(text)
+        ids = self.tokenize(text)
         if len(ids) > tokens_left:
             self.wait = tokens_left
             return None

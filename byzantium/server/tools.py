@@ -178,16 +178,16 @@ def call_grammar(parser, tools, single, markers):
     if parser.name == "hermes":  # the first line: how the engine closes a call within max_tokens
         schema = call_schema(tools, "arguments")
         call = f'{literal(parser.start)} "\\n" {json_rule(schema)} "\\n" {literal(parser.end)}'
-        return (closing_comment(parser.start + "\n", "\n" + parser.end, "\n", schema, single)
+        return (closing_comment(parser.start + "\n", "\n" + parser.end, "\n", schema, single, by_text)
                 + f'%llguidance {{}}\nstart: call{more}\nsep: "\\n"\ncall: {call}\n')
     if parser.name == "llama3_json":
         schema = call_schema(tools, "parameters")
-        return (closing_comment("", "", "; ", schema, single)
+        return (closing_comment("", "", "; ", schema, single, by_text)
                 + f'%llguidance {{}}\nstart: call{more}\nsep: "; "\ncall: {json_rule(schema)}\n')
     schema = {"type": "array", "items": call_schema(tools, "arguments"), "minItems": 1}
     if single:
         schema["maxItems"] = 1
-    return (closing_comment(parser.start, "", "", schema, True)
+    return (closing_comment(parser.start, "", "", schema, True, by_text)
             + f"%llguidance {{}}\nstart: {literal(parser.start)} {json_rule(schema)}\n")
 
 
