@@ -30,6 +30,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check byzantium tests bench
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a warning (a broken link) fails it.

@@ -7,6 +7,15 @@ The names are imported on first use (PEP 562), not with the package: `import byz
 that need no engine (`byzantium plan`, `--help`) start without torch.
 """
 import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
+    from .backends import LLMPool, load_llm
+    from .engine.async_engine import AsyncEngine
+    from .engine.engine import Engine
+    from .engine.sampling import SamplingParams
+    from .engine.sequence import Session
+    from .engine.sync_api import RequestOutput
 
 # name -> the module that defines it
 _PUBLIC = {"Engine": ".engine.engine", "AsyncEngine": ".engine.async_engine", "RequestOutput": ".engine.sync_api",
@@ -16,7 +25,7 @@ _PUBLIC = {"Engine": ".engine.engine", "AsyncEngine": ".engine.async_engine", "R
 __all__ = ["Engine", "AsyncEngine", "SamplingParams", "RequestOutput", "Session", "LLMPool", "load_llm"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module 'byzantium' has no attribute {name!r}")
     value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
@@ -24,5 +33,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

@@ -13,29 +13,41 @@ Each distinct model is loaded once per pool and shared by every agent that names
 placement (which instance runs on which replica) is in scope for the runs started inside its `with`
 block: the experiment runner finds it there (current_placement), so experiments need not pass it.
 """
+from __future__ import annotations
+
 import contextvars
 import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..engine.loader import DEFAULT_MODEL, resolve_model
 from .base import LLM, Completion
 from .params import SamplingParams
 
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+
+    import torch
+
+    from .ray_placement import Placement
+
 BACKENDS = ("native", "hf", "openai")
 LOCAL_BACKENDS = ("native", "hf")  # the ones that load the model here (openai: a server has it)
-PLACEMENT = contextvars.ContextVar("byzantium_placement", default=None)
+PLACEMENT: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("byzantium_placement", default=None)
 
 
-def current_placement():
+def current_placement() -> Placement | None:
     """The placement of the Ray pool whose `with` block we are in (None: one process, no replicas)."""
     return PLACEMENT.get()
 
 
-def _check_backend(backend):
+def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
-def _build(backend, model_dir, name, kwargs):
+def _build(backend: str, model_dir: str | Path, name: str | None, kwargs: dict[str, Any]) -> LLM:
     if backend == "openai":  # model_dir: the name the server serves
         from .openai import OpenAILLM
         return OpenAILLM(model_dir, **kwargs)
@@ -46,7 +58,7 @@ def _build(backend, model_dir, name, kwargs):
     return HFLLM(model_dir, name, **kwargs)
 
 
-def load_llm(model=None, backend="native", **kwargs) -> LLM:
+def load_llm(model: str | os.PathLike[str] | None = None, backend: str = "native", **kwargs: Any) -> LLM:
     """One model on one backend. kwargs: AsyncEngine's (native), device/dtype/max_model_len (hf), or
     OpenAILLM's (openai: base_url, api_key, tokenizer, ...; the model is any name the server serves)."""
     _check_backend(backend)
@@ -56,7 +68,7 @@ def load_llm(model=None, backend="native", **kwargs) -> LLM:
     return _build(backend, model_dir, str(model or DEFAULT_MODEL), kwargs)
 
 
-def check_openai_models(base_url, api_key=None, names=(None,)):
+def check_openai_models(base_url: str, api_key: str | None = None, names: Iterable[str | None] = (None,)) -> None:
     """Fail (ValueError) unless the server at base_url answers GET /v1/models and serves every name
     (None: the default model). Called before a run starts."""
     import openai
@@ -77,7 +89,7 @@ def check_openai_models(base_url, api_key=None, names=(None,)):
             raise ValueError(f"model {name!r} is not served at {base_url}; it serves: {', '.join(served) or 'nothing'}")
 
 
-def check_model(name):
+def check_model(name: str | None) -> None:
     """Fail on an unknown model without loading it. Local names and paths resolve for certain; a hub
     id not in the local cache is looked up on the hub, and accepted when the hub cannot be reached."""
     from pathlib import Path
@@ -101,7 +113,8 @@ def check_model(name):
 MEMORY_OPTIONS = ("num_blocks", "kv_cache_gib", "memory_fraction")  # an engine given one plans its own memory
 
 
-def check_model_options(backend, model_options):
+def check_model_options(backend: str, model_options: dict[str, dict[str, Any]] | None
+                        ) -> dict[str, dict[str, Any]]:
     """{name: {engine option: value}} checked before anything loads: native engines' options only, each an
     EngineConfig field (not `model`) with a value EngineConfig accepts; a ValueError naming the model."""
     if not model_options:
@@ -142,8 +155,9 @@ class LLMPool:
     kv_cache_dtype, dtype, ...), over the pool's kwargs; a name matches the name given to get/plan, or
     one resolving to the same directory."""
 
-    def __init__(self, backend="native", memory_fraction=None, ray=None, ray_replicas=None, ray_gpus_per_replica=None,
-                 model_options=None, **kwargs):
+    def __init__(self, backend: str = "native", memory_fraction: float | None = None, ray: bool | str | None = None,
+                 ray_replicas: int | None = None, ray_gpus_per_replica: float | None = None,
+                 model_options: dict[str, dict[str, Any]] | None = None, **kwargs: Any) -> None:
         """ray: None (this process), True (a local Ray instance) or a cluster's address: each model then
         runs as `ray_replicas` engines (Ray actors, `ray_gpus_per_replica` GPUs each; see ray_engines)."""
         _check_backend(backend)
@@ -151,10 +165,11 @@ class LLMPool:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
         self.model_options = check_model_options(backend, model_options)
         self.backend, self.kwargs, self.memory_fraction = backend, kwargs, memory_fraction
-        self._llms = {}  # resolved model directory -> LLM
-        self._option_dirs = {}  # model_options name -> the directory it resolves to here (None: not here)
-        self.shares = {}  # resolved model directory -> its engine's memory_fraction (after plan)
-        self.placement, self._scope = None, None
+        self._llms: dict[str | Path, LLM] = {}  # resolved model directory -> LLM
+        self._option_dirs: dict[str, Path | None] = {}  # model_options name -> its directory here (None: not here)
+        self.shares: dict[str | Path, float] = {}  # resolved model directory -> its engine's memory_fraction (after plan)
+        self.placement: Placement | None = None
+        self._scope: contextvars.Token[Placement | None] | None = None
         if ray is not None and ray is not False:
             _check_ray(backend, ray_replicas, ray_gpus_per_replica)
             if kwargs.get("profile") or any(o.get("profile") for o in self.model_options.values()):
@@ -162,7 +177,7 @@ class LLMPool:
             from .ray_placement import Placement
             self.placement = Placement(None if ray is True else str(ray), ray_replicas, ray_gpus_per_replica)
 
-    def options(self, model=None, model_dir=None):
+    def options(self, model: str | None = None, model_dir: str | Path | None = None) -> dict[str, Any]:
         """The engine kwargs of one model: the pool's, updated with its model_options (by the name given,
         else by a name resolving to the same directory)."""
         own = self.model_options.get(str(model or DEFAULT_MODEL))
@@ -174,7 +189,7 @@ class LLMPool:
             own = next(iter(found.values()), None)
         return {**self.kwargs, **(own or {})}
 
-    def _option_dir(self, name):
+    def _option_dir(self, name: str) -> Path | None:
         """The directory a model_options name resolves to when it is on this machine (nothing downloaded:
         a hub id only from the local cache); None otherwise."""
         if name not in self._option_dirs:
@@ -194,7 +209,7 @@ class LLMPool:
             self._option_dirs[name] = found
         return self._option_dirs[name]
 
-    def plan(self, models, shares=None):
+    def plan(self, models: Iterable[str | None], shares: dict[str, float] | None = None) -> dict[str | Path, float]:
         """Split the device between the native models this pool will hold (before any of them loads).
         On CPU only with a memory_fraction or shares (the KV pool's pages cost nothing until written).
         On Ray each replica has its own GPU share (ray_gpus_per_replica); the models' count sizes the pool.
@@ -243,19 +258,19 @@ class LLMPool:
         return self.shares
 
     @staticmethod
-    def _device_memory(device):
+    def _device_memory(device: torch.device) -> int:
         import torch
         return torch.cuda.get_device_properties(device).total_memory
 
-    def check(self, model=None):
+    def check(self, model: str | None = None) -> str | Path:
         """Fail on an unknown model name without loading anything; returns its directory (openai: the
         name, which the server checks)."""
         return self._key(model)
 
-    def _key(self, model):
+    def _key(self, model: str | None) -> str | Path:
         return str(model or DEFAULT_MODEL) if self.backend == "openai" else resolve_model(model)
 
-    def get(self, model=None) -> LLM:
+    def get(self, model: str | None = None) -> LLM:
         model_dir = self._key(model)
         if model_dir not in self._llms:
             kwargs = self.options(model, model_dir)
@@ -275,29 +290,29 @@ class LLMPool:
         return self._llms[model_dir]
 
     @property
-    def llms(self):
+    def llms(self) -> list[LLM]:
         return list(self._llms.values())
 
-    def close(self):
+    def close(self) -> None:
         for llm in self._llms.values():
             llm.close()
         self._llms.clear()
         if self.placement is not None:
             self.placement.close()  # stops Ray when this pool started it
 
-    def __enter__(self):
+    def __enter__(self) -> LLMPool:
         if self.placement is not None:
             self._scope = PLACEMENT.set(self.placement)  # runs started inside find it (current_placement)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self._scope is not None:
             PLACEMENT.reset(self._scope)
             self._scope = None
         self.close()
 
 
-def _check_ray(backend, replicas, gpus_per_replica):
+def _check_ray(backend: str, replicas: int | None, gpus_per_replica: float | None) -> None:
     import importlib.util
     if backend != "native":
         raise ValueError(f"--ray runs this engine's replicas as Ray actors (--backend native), not --backend {backend}")
@@ -311,7 +326,7 @@ def _check_ray(backend, replicas, gpus_per_replica):
 
 # -- a run's flags (the CLI's `run` methods, `run resilience`) ---------------------------------------------
 
-def add_backend_args(ap):
+def add_backend_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--backend", choices=BACKENDS, default="native",
                     help="native (this engine; default), hf (plain transformers) or openai (an OpenAI-compatible "
                          "server at --base-url; --device and --dtype are then ignored)")
@@ -340,7 +355,7 @@ def add_backend_args(ap):
                          "(default 1 on a cluster with GPUs, else 0)")
 
 
-def add_model_split_args(ap):
+def add_model_split_args(ap: argparse.ArgumentParser) -> None:
     """How a native engine holds a model too big for one device: the flags `run`, `sweep` and `serve` share."""
     ap.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
                     help="native: split each model over N devices (one process per rank; NCCL on CUDA, gloo on "
@@ -360,17 +375,17 @@ UNITS = {"": 1.0, "g": 1.0, "gb": 1.0, "gib": 1.0, "m": 2**-10, "mb": 2**-10, "m
          "tib": 2**10}  # in GiB; GB and MB read as GiB and MiB, as vLLM's KV space does
 
 
-def parse_memory(text) -> float:
+def parse_memory(text: object) -> float:
     """--kv-cache-memory's SIZE in GiB; a clear error naming the flag for what is not a size > 0."""
     import re
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    unit = match and UNITS.get(match.group(2).lower())
-    if not unit or not float(match.group(1)) > 0:
+    unit = UNITS.get(match.group(2).lower()) if match else None
+    if match is None or not unit or not float(match.group(1)) > 0:
         raise ValueError(f"--kv-cache-memory must be a size > 0 such as 2GiB, 512MiB or 1.5 (GiB), got {text!r}")
     return float(match.group(1)) * unit
 
 
-def split_kwargs(args) -> dict:
+def split_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options of add_model_split_args's flags that were given."""
     names = ("tensor_parallel_size", "quantization", "kv_cache_dtype")
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
@@ -381,7 +396,7 @@ def split_kwargs(args) -> dict:
     return kwargs
 
 
-def pool_kwargs(args) -> dict:
+def pool_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """LLMPool's kwargs from a run's flags: the engine's (native, hf) or the server's (openai); and Ray's."""
     ray = getattr(args, "ray", None)
     if ray is None:
@@ -427,7 +442,7 @@ def pool_kwargs(args) -> dict:
     return {"base_url": args.base_url, "api_key": os.environ.get(name)}
 
 
-def check_models(args, names):
+def check_models(args: argparse.Namespace, names: Iterable[str | None]) -> None:
     """Fail on a model the run cannot get, before anything loads: resolved here (native, hf) or in the
     server's model list (openai)."""
     kwargs = pool_kwargs(args)

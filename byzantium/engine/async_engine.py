@@ -131,7 +131,11 @@ class AsyncEngine:
         except BaseException:  # cancelled, or one of them failed: the others are of no use to anyone
             for seq in seqs:
                 self._waiters.pop(seq.seq_id, None)
-            self._now_or_after_step(lambda: [self.engine.abort(seq) for seq in seqs])
+            def abort_all() -> None:
+                for seq in seqs:
+                    self.engine.abort(seq)
+
+            self._now_or_after_step(abort_all)
             raise
         return seqs
 

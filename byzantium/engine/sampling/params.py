@@ -38,7 +38,7 @@ class SamplingParams:
     choice: list[str] | None = None
     grammar: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -64,7 +64,7 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         self._check_structured()
 
-    def _check_structured(self):
+    def _check_structured(self) -> None:
         given = [name for name in STRUCTURED if getattr(self, name) not in (None, False)]
         if len(given) > 1:
             raise ValueError(f"at most one of {', '.join(STRUCTURED)} per request; got {' and '.join(given)}")
@@ -95,7 +95,7 @@ class SamplingParams:
             self.choice = list(self.choice)
 
     @property
-    def structured(self):
+    def structured(self) -> tuple[str, str] | None:
         """What constrains this request's output, as (kind, text) (kind: "json_schema", "regex", "choice" (a
         JSON list) or "grammar"); None when nothing does. Equal constraints give equal pairs. A schema's
         objects take only the properties they name unless they say otherwise (strict_schema.py)."""
@@ -113,5 +113,5 @@ class SamplingParams:
         return None
 
     @property
-    def greedy(self):
+    def greedy(self) -> bool:
         return self.temperature == 0
