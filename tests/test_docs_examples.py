@@ -28,7 +28,7 @@ FENCE = re.compile(r"^(```|~~~)\s*([\w+-]*)\s*$")
 MARKER = re.compile(r"^<!-- (not run|expect|output of): (\S.*?) -->$")
 SERVER_URL = "http://127.0.0.1:8000"
 BYZANTIUM = str(pathlib.Path(sys.executable).with_name("byzantium"))
-TIMEOUT_S = 600  # a command under a loaded machine; quiet, the whole file takes about two minutes
+TIMEOUT_S = 600  # one command; generous, as a machine shared with other jobs loads a model far slower
 
 
 class Block:
