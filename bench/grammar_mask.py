@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from byzantium import Engine, SamplingParams
-from byzantium.engine import engine as engine_module
-from byzantium.engine import grammar, sampling
+from byzantium.engine import grammar
+from byzantium.engine.sampling import append, cpu
 from byzantium.engine.loader import resolve_model
 
 SCHEMA = {
@@ -93,7 +93,7 @@ def main():
         raise SystemExit(grammar.INSTALL)
     engine = Engine(resolve_model("smollm2-135m"), num_blocks=1024, num_speculative_tokens=0)
     timer = Timer()
-    for module, name in ((engine_module, "masks"), (engine_module, "advance"), (sampling, "apply_bitmask")):
+    for module, name in ((append, "masks"), (append, "advance"), (cpu, "apply_bitmask")):
         timer.wrap(module, name)
     closing = Timer()  # the part of masks that ends JSON within max_tokens
     closing.wrap(grammar.JsonCloser, "closing_tokens")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
 
 # name -> the module that defines it
 _PUBLIC = {"Engine": ".engine.engine", "AsyncEngine": ".engine.async_engine", "RequestOutput": ".engine.sync_api",
-           "SamplingParams": ".backends.params", "Session": ".engine.sequence", "LLMPool": ".backends",
+           "SamplingParams": ".engine.sampling", "Session": ".engine.sequence", "LLMPool": ".backends",
            "load_llm": ".backends"}
 
 __all__ = ["Engine", "AsyncEngine", "SamplingParams", "RequestOutput", "Session", "LLMPool", "load_llm"]

@@ -313,7 +313,7 @@ def test_logprob_guided_keeps_the_continuation_with_the_highest_target_logprob()
 
 
 def test_logprob_turn_scores_a_finishing_candidate_by_the_answer_it_states():
-    from byzantium.backends.params import SamplingParams
+    from byzantium.backends import SamplingParams
     target = distractor(CHOICE)
     other = ({"B", "C"} - {target}).pop()  # wrong, but not the target
 
@@ -361,7 +361,7 @@ def native(smollm2_dir):
 
 
 def _sac(protocol, adversary, llm, out):
-    from byzantium.backends.params import SamplingParams
+    from byzantium.backends import SamplingParams
     tasks = get_task("gen-sum", 2, seed=0)
     return run_experiment(protocol, tasks, llm, n=4, weak=0, byzantine=1, adversary=adversary, F=1, T=1,
                           topology="complete", score_mode="logprob", out=out, progress=False, table=False,

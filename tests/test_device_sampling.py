@@ -1,4 +1,4 @@
-"""The batched device sampler (engine/device_sampling.py): greedy, seeds independent of the batch, the
+"""The batched device sampler (engine/sampling/cuda.py): greedy, seeds independent of the batch, the
 support of top-k / top-p, the sampled distribution, logprobs, penalties, bad logits. On CPU tensors, and
 on CUDA too where torch sees a GPU (bench/gpu_check.sh part 4 runs this file there)."""
 from dataclasses import dataclass, field
@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from byzantium import SamplingParams
-from byzantium.engine import device_sampling, sampling
-from byzantium.engine.device_sampling import sample
+from byzantium.engine.sampling import cpu as sampling
+from byzantium.engine.sampling import cuda as device_sampling
+from byzantium.engine.sampling.cuda import sample
+from byzantium.engine.sampling.noise import make_generator
 
 
 @dataclass
@@ -78,7 +80,7 @@ def test_seed_and_step_choose_the_stream(device):
     steps = sample(logits, [Request(SamplingParams(temperature=1.0, seed=7), output_ids=[0] * i) for i in range(64)])[0]
     seeds = sample(logits, [Request(SamplingParams(temperature=1.0, seed=s)) for s in range(64)])[0]
     assert len(set(steps)) > 5 and len(set(seeds)) > 5
-    unseeded = [Request(SamplingParams(temperature=1.0), generator=sampling.make_generator(None, "cpu")) for _ in range(64)]
+    unseeded = [Request(SamplingParams(temperature=1.0), generator=make_generator(None, "cpu")) for _ in range(64)]
     assert len(set(sample(logits, unseeded)[0])) > 5
 
 

@@ -72,12 +72,13 @@ def test_the_graph_pool_adds_to_the_prefill_peak():
 
 def test_planning_budgets_the_graph_pool_under_the_prefill_peak(tiny_llama, monkeypatch):
     from byzantium.engine import planning
+    from byzantium.engine import warm_up as warming
     from byzantium.engine.memory import WarmUpPeaks, physical_memory
     _, path = tiny_llama
     ram, mib = physical_memory(), 2**20
     weights = Engine(path, max_num_seqs=2, max_model_len=64).memory["weights_bytes"]
     peaks = WarmUpPeaks(prefill=40 * mib, decode=30 * mib, graph_pool=20 * mib)  # as a CUDA warm-up reports
-    monkeypatch.setattr(planning, "warm_up", lambda engine: peaks)
+    monkeypatch.setattr(warming, "warm_up", lambda engine: peaks)
     # A share that holds the weights and the larger peak with 10 MiB to spare, not the pool under the prefill.
     with pytest.raises(ValueError, match=r"does not fit .*graph pool 0\.02 GiB"):
         Engine(path, memory_fraction=(weights + 50 * mib) / ram, max_model_len=64)
@@ -141,10 +142,10 @@ def test_cuda_planning_holds_the_warm_up_graph_pool(tiny_models, monkeypatch):
     """On a GPU: the warm-up's decode step captures a graph whose pool keeps allocator segments, and the
     activations planned put that pool under the prefill peak; a serving engine reports its own pool."""
     from byzantium import SamplingParams
-    from byzantium.engine import planning
+    from byzantium.engine import warm_up as warming
     _, path = tiny_models["qwen3"]
-    measured, warm_up = [], planning.warm_up
-    monkeypatch.setattr(planning, "warm_up", lambda engine: measured.append(warm_up(engine)) or measured[-1])
+    measured, warm_up = [], warming.warm_up
+    monkeypatch.setattr(warming, "warm_up", lambda engine: measured.append(warm_up(engine)) or measured[-1])
     engine = Engine(path, device="cuda", dtype="float32", max_num_seqs=16, max_model_len=128)
     (peaks,) = measured
     assert peaks.graph_pool > 0 and peaks.prefill > 0, peaks

@@ -64,7 +64,8 @@ def _race_both(row, key, counter):
     """race through the compiled kernel and through its torch formula."""
     import torch
 
-    from byzantium.engine.sampling import gumbel_noise, race, stream
+    from byzantium.engine.sampling.cpu import race
+    from byzantium.engine.sampling.noise import gumbel_noise, stream
     lo, hi = stream(key, counter)
     return race(row, key, counter), int((row + gumbel_noise(lo, hi, torch.arange(row.numel()))).argmax())
 
@@ -100,7 +101,7 @@ def test_race_barely_moves_under_rounding_noise():
     token whenever the draw fell among tail tokens thinner than the accumulated noise."""
     import torch
 
-    from byzantium.engine.sampling import race
+    from byzantium.engine.sampling.cpu import race
     g = torch.Generator().manual_seed(1)
     rows = torch.randn(200, 49152, generator=g) * 3 / 0.7  # a flat tail, temperature 0.7
     noisy = rows * (1 + 1e-6 * torch.randn(rows.shape, generator=g))

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from byzantium.backends.strict_schema import strict
+from byzantium.engine.sampling.strict_schema import strict
 from byzantium.engine.json_closing import JsonPrefix
 from byzantium.engine.json_schema_closing import closing, members, minimal
 

@@ -1,5 +1,5 @@
-"""The package's layers import downwards only: protocols speak the LLM interface (backends), not the
-engine; kernels know nothing of the engine; nothing below the CLI imports it."""
+"""The package's layers import downwards only: the engine knows nothing above it; protocols speak the
+LLM interface (backends), not the engine; kernels know nothing of the engine; nothing below the CLI imports it."""
 import ast
 from pathlib import Path
 
@@ -11,6 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "byzantium"
 # On top, beside the CLI: the HTTP server, and sweeps (which run `byzantium run` commands, cell by cell).
 TOP = {"server", "sweep", "sweep_config"}
 FORBIDDEN = {
+    # the engine is below the LLM interface: it defines SamplingParams, which backends re-export
+    "engine": {"backends", "protocols", "tasks", "experiments", "eval", "cli", "commands", "plan"} | TOP,
     "protocols": {"engine", "cli", "experiments"} | TOP,
     "kernels": {"engine", "backends", "protocols", "experiments", "cli"} | TOP,
     "backends": {"protocols", "experiments", "cli"} | TOP,

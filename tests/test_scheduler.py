@@ -6,6 +6,7 @@ A step is simulated as the engine's postprocess leaves it: every row computed, a
 its sequence's prompt or decode gets one new token."""
 import pytest
 
+from byzantium.engine.config import EngineConfig
 from byzantium.engine.kv_cache import BlockManager
 from byzantium.engine.sampling import SamplingParams
 from byzantium.engine.scheduler import Scheduler
@@ -38,7 +39,7 @@ def shape(rows):
 
 
 def test_prompts_are_admitted_in_arrival_order_within_the_token_budget_and_chunked():
-    scheduler = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_batch_tokens=10)
+    scheduler = Scheduler(BlockManager(64, BS), EngineConfig(max_num_seqs=8, max_batch_tokens=10))
     a, b, c = request(0, range(6)), request(1, range(100, 107)), request(2, range(200, 203))
     for seq in (a, b, c):
         scheduler.add(seq)
@@ -53,7 +54,7 @@ def test_prompts_are_admitted_in_arrival_order_within_the_token_budget_and_chunk
 
 
 def test_max_num_seqs_bounds_the_running_set():
-    scheduler = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_batch_tokens=100)
+    scheduler = Scheduler(BlockManager(64, BS), EngineConfig(max_num_seqs=2, max_batch_tokens=100))
     seqs = [request(i, range(10 * i, 10 * i + 3)) for i in range(4)]
     for seq in seqs:
         scheduler.add(seq)
@@ -65,7 +66,7 @@ def test_max_num_seqs_bounds_the_running_set():
 
 
 def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
-    scheduler = Scheduler(BlockManager(4, BS), max_num_seqs=8, max_batch_tokens=100)
+    scheduler = Scheduler(BlockManager(4, BS), EngineConfig(max_num_seqs=8, max_batch_tokens=100))
     big, small = request(0, range(20)), request(1, range(50, 52))
     scheduler.add(big)
     scheduler.add(small)
@@ -76,7 +77,7 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
 
 def test_preemption_takes_the_newest_unpinned_sequence_and_requeues_it_first():
     blocks = BlockManager(6, BS)
-    scheduler = Scheduler(blocks, max_num_seqs=8, max_batch_tokens=100)
+    scheduler = Scheduler(blocks, EngineConfig(max_num_seqs=8, max_batch_tokens=100))
     session = request(0, range(7), pinned=True)
     old, new = request(1, range(100, 107)), request(2, range(200, 207))
     for seq in (session, old, new):
@@ -96,7 +97,7 @@ def test_preemption_takes_the_newest_unpinned_sequence_and_requeues_it_first():
 
 def test_identical_decoding_requests_ride_on_one_row():
     blocks = BlockManager(32, BS)
-    scheduler = Scheduler(blocks, max_num_seqs=8, max_batch_tokens=100)
+    scheduler = Scheduler(blocks, EngineConfig(max_num_seqs=8, max_batch_tokens=100))
     a, b = request(0, range(6)), request(1, range(6))
     scheduler.add(a)
     scheduler.add(b)
@@ -109,8 +110,8 @@ def test_identical_decoding_requests_ride_on_one_row():
 
 
 def test_drafts_are_fed_as_verify_rows_within_max_rows():
-    scheduler = Scheduler(BlockManager(32, BS), max_num_seqs=8, max_batch_tokens=100,
-                          drafter=PromptLookup(num_tokens=3, max_rows=3), max_model_len=64)
+    scheduler = Scheduler(BlockManager(32, BS), EngineConfig(max_num_seqs=8, max_batch_tokens=100, max_model_len=64),
+                          drafter=PromptLookup(num_tokens=3, max_rows=3))
     seq = request(0, [1, 2, 3, 9, 9, 1, 2], max_tokens=20)
     scheduler.add(seq)
     compute(scheduler, scheduler.schedule(), new_token=3)  # ... 1 2 3: the 3-gram seen at the start

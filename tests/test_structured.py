@@ -100,7 +100,8 @@ def test_apply_bitmask_masks_only_its_rows(device, monkeypatch):
 
 
 def test_samplers_refuse_a_constraint_they_are_not_given_masks_for():
-    from byzantium.engine import device_sampling, sampling
+    from byzantium.engine.sampling import cpu as sampling
+    from byzantium.engine.sampling import cuda as device_sampling
     request = SimpleNamespace(params=SamplingParams(regex="a+"), generator=None, output_ids=[])
     for sample in (sampling.sample, device_sampling.sample):
         with pytest.raises(ValueError, match="enforced by the byzantium engine"):
@@ -111,7 +112,8 @@ def test_both_samplers_draw_only_allowed_tokens():
     """The CPU sampler and the device sampler (run here on CPU tensors) take the same masks: every token drawn
     is allowed, both draw the same token for the same row, the unconstrained rows draw what they draw without
     masks, and logprobs are the model's (unmasked) ones."""
-    from byzantium.engine import device_sampling, sampling
+    from byzantium.engine.sampling import cpu as sampling
+    from byzantium.engine.sampling import cuda as device_sampling
     vocab, n = 300, 6
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(n, vocab, generator=g) * 3

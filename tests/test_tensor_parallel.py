@@ -7,6 +7,7 @@ Both engines run the linears on plain torch (cpu_packed_linears=False): the kern
 whole weight and for its half may differ, and two kernels round differently. What is compared is the split
 itself."""
 import importlib.util
+import os
 import threading
 import time
 
@@ -218,6 +219,35 @@ def test_two_tensor_parallel_engines_share_a_process(checkpoints, tmp_path_facto
         for engine in engines:
             engine.close()
     assert not torch.distributed.is_initialized()
+
+
+def resident_bytes(pid, address):
+    """Resident bytes of the mapping of process `pid` that starts at `address` (Linux: /proc/pid/smaps)."""
+    lines = open(f"/proc/{pid}/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        if "-" in line.split()[0] and int(line.split("-")[0], 16) == address:
+            for entry in lines[i + 1:]:
+                if entry.startswith("Rss:"):
+                    return int(entry.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:#x} in process {pid}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a rank's mappings from /proc (Linux)")
+def test_every_rank_reserves_its_kv_pool_at_start(checkpoints, tmp_path_factory):
+    """A KV budget the user set (kv_cache_gib) is reserved at start on every rank, not only on rank 0: each
+    rank's slice of the pool has the planned block count and is resident before any request runs."""
+    path = checkpoint(checkpoints, tmp_path_factory, "llama")
+    options = dict(COMMON, num_blocks=None, kv_cache_gib=0.0625, max_num_seqs=512)  # more blocks than the budget
+    engine = Engine(path, tensor_parallel_size=2, **options)
+    try:
+        pools = engine.peers.ask("kv_cache")
+        assert list(pools) == [1]
+        pool = pools[1]
+        assert pool["num_blocks"] == engine.num_blocks and pool["bytes"] == engine.kv_cache.numel() * 4
+        assert pool["bytes"] > 2**25  # large enough that resident pages cannot be there by chance
+        assert resident_bytes(engine.peers.workers[1].pid, pool["address"]) >= pool["bytes"]
+    finally:
+        engine.close()
 
 
 def test_a_rank_that_cannot_load_fails_the_engine_start(checkpoints, tmp_path_factory, tmp_path, monkeypatch):

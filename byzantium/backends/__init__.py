@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.loader import DEFAULT_MODEL, resolve_model
 from .base import LLM, Completion
-from .params import SamplingParams
+from ..engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import argparse

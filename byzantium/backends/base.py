@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union, cast
 
 from ..engine.chat import plain_text_ids, render_chat
-from .params import SamplingParams
+from ..engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch

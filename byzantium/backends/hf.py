@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from ..engine.config import resolve_device, resolve_dtype
 from ..engine.loader import generation_config, load_tokenizer
-from ..engine.sampling import make_generator, sample
-from .params import SamplingParams
+from ..engine.sampling import SamplingParams
+from ..engine.sampling.cpu import sample
+from ..engine.sampling.noise import make_generator
 from .base import LLM, Completion, TokenSession
 
 

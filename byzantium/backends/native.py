@@ -4,7 +4,7 @@ import torch
 
 from ..engine.async_engine import AsyncEngine
 from ..engine.sync_api import log_softmax_rows
-from .params import SamplingParams
+from ..engine.sampling import SamplingParams
 from .base import LLM, Completion
 
 

@@ -40,7 +40,7 @@ from ..engine.chat import render_chat
 from .base import LLM, Completion, TokenSession
 from .openai_wire import (TOP_LOGPROBS, OpenAIBackendError, api_base, extra_field, load_openai_tokenizer,
                           refuses_extension, structured_fields, wire_messages)
-from .params import SamplingParams
+from ..engine.sampling import SamplingParams
 
 class OpenAISession(TokenSession):
     """A session of the openai backend: its token ids, and the server's session id when it keeps one."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ..engine.loader import load_tokenizer, resolve_model
 from .base import LLM, Completion, TokenSession
-from .params import SamplingParams
+from ..engine.sampling import SamplingParams
 
 BINDING = contextvars.ContextVar("byzantium_ray_binding", default=None)
 MAX_RESTARTS = 2  # per replica slot: a replica that keeps dying is a problem to report, not to loop on

@@ -1,139 +1,131 @@
 """Engine: the model, the paged KV cache, the block manager, the scheduler, the runner and the stats.
 
 Its core is small: add_request (returns the request's Sequence), abort, step (returns the requests that
-ended), output. A step is: schedule, forward, postprocess. The blocking helpers (generate, chat, logits,
-score, sessions: sync_api.py) and AsyncEngine are written on it; postprocess is the one place a step's
-results reach the requests. Around it: the settings (config.py), the model and its kernels
-(model_setup.py), memory planning (planning.py), failure isolation (failures.py), speculation
-(speculation.py) and riders (riders.py)."""
+ended), output. A step is: schedule, run the forward pass, postprocess. The blocking helpers (generate,
+chat, logits, score, sessions: sync_api.py) and AsyncEngine are written on it; postprocess is the one place
+a step's results reach the requests. Around it, each part owning its own rules: the settings, resolved and
+frozen, handed whole to every part (config.py), the model and its kernels (model_setup.py), the KV pool and
+runner of each rank (cache_setup.py, tensor_parallel.py), the warm-up and memory planning (warm_up.py,
+planning.py), the scheduler, which owns admission, finishing, preemption and the token budget
+(scheduler.py; failure isolation, failures.py, and riders, riders.py, ask it), sampling and the append/stop
+loop (sampling/), and speculation (speculation.py)."""
+from __future__ import annotations
+
 import itertools
+import os
 import time
-from functools import partial
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..kernels import backend_name, warn_once
-from . import config as settings
 from . import prompt_logprobs
-from .config import (DEFAULT_SPECULATIVE_ROWS, DEFAULT_SPECULATIVE_TOKENS, engine_config, resolve_device,
-                     resolve_dtype)
-from .device_sampling import sample as device_sample
+from .attention_backend import ModelFeatures, choose_attention_backend
+from .cache_setup import build_pool_and_runner
+from .config import engine_config, fit_to_model, resolve
 from .failures import EngineFailed, discard, fail, forward_isolating, isolate, shrink_budget
-from .grammar import Grammars, advance, masks
-from .kv_cache import BlockManager, allocate_kv_cache, kv_attention_backend, kv_cache_dtype
+from .grammar import Grammars
+from .kv_cache import BlockManager, kv_cache_dtype
 from .layers import parallel
 from .loader import generation_config, load_tokenizer, resolve_model
-from .model_setup import load_model
+from .model_setup import ModelSetup, load_model
 from .models import model_class
-from .planning import StepPeak, default_num_blocks, memory_held, plan_num_blocks
-from .memory import DEFAULT_MEMORY_FRACTION
+from .planning import StepPeak, default_num_blocks, memory_held
 from .riders import give_logits, part_ways
-from .runner import ModelRunner
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams
+from .sampling.append import TokenAppender
 from .scheduler import Scheduler
-from .sequence import Sequence, Session, Status
-from .speculation import PromptLookup, StepDrafts, sample_in_order
+from .sequence import Row, Sequence, Session, Status
+from .speculation import PromptLookup, StepDrafts
 from .stats import EngineStats
-from .tensor_parallel import Peers, build_rank
-from .sync_api import RequestOutput, SyncAPI, check_idle, params_list, prompt_list
+from .tensor_parallel import start_ranks
+from .warm_up import planned_num_blocks
+from .sync_api import Params, Prompt, Prompts, RequestOutput, SyncAPI, check_idle, params_list, prompt_list
 
 __all__ = ["Engine", "RequestOutput"]
 
 
 class Engine(SyncAPI):
-    def __init__(self, model=None, **options):
+    # set in __init__; build_cache and the warm-up (warm_up.py) replace the pool and what holds it
+    device: torch.device
+    dtype: torch.dtype
+    quantization: Any  # quantization.Fp8Spec, or None
+    kv_cache: torch.Tensor
+    block_manager: BlockManager
+    scheduler: Scheduler
+    runner: Any  # runner.ModelRunner
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, **options: Any) -> None:
         """model: a hub id, a directory, a GGUF file, or None (the embedded model); options: EngineConfig's."""
-        self.engine_config = c = engine_config(model, options)  # bad options fail here, before anything loads
-        self.device = resolve_device(c.device)
-        self.dtype = resolve_dtype(c.dtype, self.device)
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not settings.cpu_has_bf16_units():
-            warn_once("byzantium: this CPU has no bf16 units (avx512_bf16 or AMX), so dtype=bfloat16 runs its "
-                      "linears converted in software, many times slower than float32 (10x at prefill measured on "
-                      "an AVX2 AMD EPYC); use dtype='float32' here")
+        c = resolve(engine_config(model, options))  # bad options fail here, before anything loads
+        self.engine_config, self.device, self.dtype = c, c.device, c.dtype
         self.model_dir = resolve_model(model)  # bad names fail here, before anything heavy
         from transformers import AutoConfig
         checkpoint_config = AutoConfig.from_pretrained(self.model_dir)
         self.model_class = model_class(checkpoint_config)  # unsupported models fail before the weights are read
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.cpu_packed_linears, self.cpu_kernels = c.cpu_packed_linears, c.cpu_kernels
         self.peers = None  # the other tensor-parallel ranks (tensor_parallel.py)
         group = parallel.Group(0, c.tensor_parallel_size)
         with parallel.using(group):  # rank 0's slice of the model
             setup = self._load_model(checkpoint_config, self.model_dir)
         if c.tensor_parallel_size > 1:  # after rank 0's load: the others read the kernel choices it cached
-            self.peers = Peers(group, self.device, partial(build_rank, self.model_dir, c, self.dtype))
+            self.peers = start_ranks(group, self.model_dir, c)
         self.model, self.linear_kernels, self.linear_timings = setup.model, setup.linear_kernels, setup.linear_timings
         self.cpu_layer_ops = setup.cpu_layer_ops
         self.quantization = setup.quantization  # quantization.Fp8Spec, or None
         self.config = self.model.config  # the text model's: a multimodal checkpoint's text_config (Gemma 3)
-        context = self.model.max_positions
-        window = getattr(self.config, "sliding_window", None)
-        if window and getattr(self.config, "use_sliding_window", True) and not getattr(
-                self.model, "implements_sliding_window", False):
-            context = min(context, window)  # this model's attention has no sliding window: stay inside it
-        self.max_model_len = min(c.max_model_len or context, context)
-        self.block_size, self.max_num_seqs = c.block_size, c.max_num_seqs
-        self.max_batch_tokens = c.max_batch_tokens or max(8192 if self.device.type == "cuda" else 2048, c.max_num_seqs)
-        no_kernels = c.attention_backend == "auto" and not c.cpu_kernels and self.device.type == "cpu"
-        self.attention_backend = "torch" if no_kernels else c.attention_backend
+        c = fit_to_model(c, self.model)
         self.kv_cache_dtype = kv_cache_dtype(c.kv_cache_dtype, self.dtype)  # "fp8": e4m3 K/V, read by torch or Triton
-        self.attention_backend = kv_attention_backend(self.attention_backend, self.kv_cache_dtype, self.dtype,
-                                                      self.device)
+        # the one place the attention backend is decided (a request it cannot run fails here, naming why)
+        self.attention = choose_attention_backend(c.attention_backend, self.device, self.dtype, self.kv_cache_dtype,
+                                                  c.cpu_kernels, ModelFeatures.of(self.model))
+        self.engine_config = c = replace(c, attention_backend=self.attention.name)  # resolved: each part gets it whole
         self.eos_token_ids = self._eos_ids()
         self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.eos_token_ids)  # structured outputs
-        self.drafter = self._drafter(c.num_speculative_tokens, c.speculative_max_rows)
-        self.profile = c.profile  # a step with prefill and decode rows runs them as two timed passes
-        self.enforce_eager = c.enforce_eager  # CUDA: no decode graphs (runner.py, cuda_graphs.py)
+        self.appender = TokenAppender(self.device, self.eos_token_ids, self.tokenizer, c.max_model_len)
+        self.drafter = PromptLookup(c.num_speculative_tokens, c.speculative_max_rows) if c.num_speculative_tokens else None
+        self.profile = c.profile  # a step with prefill and decode rows runs them as two timed passes (switchable)
         self._stats = EngineStats()
         self.step_peak = StepPeak(self.device)
         self._ids = itertools.count()
         self.activations_bytes = None  # measured by the warm-up of memory planning (CUDA)
         num_blocks = c.num_blocks
         if num_blocks is None and c.kv_cache_gib is None and (self.device.type == "cuda" or c.memory_fraction):
-            num_blocks = plan_num_blocks(self, c.memory_fraction or DEFAULT_MEMORY_FRACTION)
+            num_blocks = planned_num_blocks(self, c.memory_fraction)
         self.build_cache(num_blocks or default_num_blocks(self, c.kv_cache_gib))
 
-    def _load_model(self, checkpoint_config, model_dir):
+    # The resolved config's limits, read where the engine's callers have always read them.
+    max_model_len = property(lambda self: self.engine_config.max_model_len)
+    block_size = property(lambda self: self.engine_config.block_size)
+    max_num_seqs = property(lambda self: self.engine_config.max_num_seqs)
+    attention_backend = property(lambda self: self.engine_config.attention_backend)
+    enforce_eager = property(lambda self: self.engine_config.enforce_eager)
+
+    def _load_model(self, checkpoint_config: Any, model_dir: Path) -> ModelSetup:
         return load_model(self.model_class, checkpoint_config, model_dir, self.dtype, self.device, self.engine_config)
 
-    def build_cache(self, num_blocks):
-        """The KV pool and everything that holds it: block manager, scheduler, runner."""
+    def build_cache(self, num_blocks: int) -> None:
+        """The KV pool and everything that holds it: block manager, scheduler, runner; on every rank."""
         self.num_blocks = num_blocks
-        self.kv_cache = None  # the old pool (planning's warm-up) goes before the new one is allocated
-        self.kv_cache = allocate_kv_cache(self.config.num_hidden_layers, num_blocks, self.block_size,
-                                          self.model.num_kv_heads, self.model.head_dim, self.kv_cache_dtype, self.device,
-                                          reserve=self.engine_config.kv_cache_gib is not None)
+        self.kv_cache = self.runner = None  # the old pool (planning's warm-up) goes before the new one is allocated
+        graphs = not self.engine_config.enforce_eager and self.peers is None  # graphs would capture the collectives
+        self.kv_cache, self.runner = build_pool_and_runner(self.model, self.engine_config, num_blocks, self.device, graphs)
         self.block_manager = BlockManager(num_blocks, self.block_size)
-        self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_batch_tokens, self.drafter,
-                                   self.max_model_len)
-        limits = dict(max_num_seqs=self.max_num_seqs, max_batch_tokens=self.max_batch_tokens,
-                      max_model_len=self.max_model_len)
-        graphs = not self.enforce_eager and self.peers is None  # graphs would have to capture the collectives
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.attention_backend,
-                                  **limits, cuda_graphs=graphs)
+        self.scheduler = Scheduler(self.block_manager, self.engine_config, self.drafter)
         if self.peers is not None:  # every rank its slice of the same pool, and told every step from now on
-            self.peers.tell("build_cache", dict(num_blocks=num_blocks, block_size=self.block_size,
-                                                kv_dtype=self.kv_cache_dtype, attention_backend=self.attention_backend,
-                                                **limits))
+            self.peers.tell("build_cache", (self.engine_config, num_blocks))
             self.runner.peers = self.peers
 
-    def _drafter(self, num_tokens, max_rows):
-        """Prompt-lookup speculation (speculation.py): on by default on the CPU, where it is checked to give
-        the tokens plain decoding gives; off on CUDA until a GPU run has checked it there."""
-        if num_tokens is None:
-            num_tokens = DEFAULT_SPECULATIVE_TOKENS if self.device.type == "cpu" else 0
-        if not num_tokens:
-            return None
-        return PromptLookup(num_tokens, max_rows or DEFAULT_SPECULATIVE_ROWS)
-
-    def _eos_ids(self):
-        ids = set()
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
         for source in (self.config, generation_config(self.model_dir), self.tokenizer):
             value = getattr(source, "eos_token_id", None) if source is not None else None
             ids.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
         return ids
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         """What this engine runs: model code, kernels, dtype, device, KV pool and batch limits."""
         model_cls = type(self.model)
         return {"model": str(self.model_dir), "architecture": self.model.arch,
@@ -142,7 +134,8 @@ class Engine(SyncAPI):
                 "quantization_source": None if self.quantization is None else self.quantization.source,
                 "kv_cache_dtype": str(self.kv_cache_dtype).removeprefix("torch."),
                 "model_code": f"{model_cls.__module__}.{model_cls.__qualname__}",
-                "attention_backend": backend_name(self.runner.ops), "linear_kernels": self.linear_kernels,
+                "attention_backend": self.attention.name,
+                "attention_backend_reason": self.attention.reason, "linear_kernels": self.linear_kernels,
                 "cpu_layer_ops": self.cpu_layer_ops,
                 "fused_gate_up_silu": sum(isinstance(getattr(m, "glu", None), tuple) for m in self.model.modules()),
                 "dtype": str(self.dtype).removeprefix("torch."), "device": str(self.device),
@@ -152,17 +145,17 @@ class Engine(SyncAPI):
                 "max_model_len": self.max_model_len, "profile": self.profile, "cuda_graphs": self.runner.describe(),
                 "speculation": self.drafter.describe() if self.drafter is not None else None}
 
-    def close(self):
+    def close(self) -> None:
         """Stop the other tensor-parallel ranks (an engine on one rank has none)."""
         if self.peers is not None:
             self.peers.close()
 
     @property
-    def memory(self):
+    def memory(self) -> dict[str, Any]:
         return memory_held(self)
 
     # -- requests -----------------------------------------------------------------------------------
-    def encode(self, prompt):
+    def encode(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a prompt: a string (tokenized as raw text, special tokens parsed) or a list of ids."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -178,7 +171,7 @@ class Engine(SyncAPI):
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return ids
 
-    def check_fits(self, num_tokens, what="prompt"):
+    def check_fits(self, num_tokens: int, what: str = "prompt") -> None:
         if num_tokens >= self.max_model_len:
             raise ValueError(f"{what} has {num_tokens} tokens; the model's context is {self.max_model_len} "
                              f"tokens and at least one must be left to generate")
@@ -187,17 +180,18 @@ class Engine(SyncAPI):
             raise ValueError(f"{what} needs {num_tokens + 1} token slots but the KV cache pool holds only "
                              f"{capacity} ({self.num_blocks} blocks of {self.block_size}); raise num_blocks")
 
-    def _check_room(self, total, what):
+    def _check_room(self, total: int, what: str) -> None:
         capacity = self.num_blocks * self.block_size
         if total > capacity:
             raise ValueError(f"{what} can reach {total} tokens but the KV cache pool holds only {capacity} "
                              f"({self.num_blocks} blocks of {self.block_size}); raise num_blocks or lower max_tokens")
 
-    def new_request_id(self):
+    def new_request_id(self) -> int:
         return next(self._ids)
 
     # -- the core: add requests, abort them, step, read outputs ----------------------------------------
-    def add_request(self, prompt, params=None, *, logits=False, tag=None, prompt_logprobs_from=1):
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, *, logits: bool = False,
+                    tag: str | None = None, prompt_logprobs_from: int = 1) -> Sequence:
         """Queue one request and return its Sequence; step() advances it.
 
         prompt: text (tokenized as raw text, special tokens parsed), token ids, or a Session (the request
@@ -224,7 +218,7 @@ class Engine(SyncAPI):
             what = f"{prompt}" if isinstance(prompt, Session) else "this request"
             self._check_room(min(len(seq) + params.max_tokens, self.max_model_len), what)
             grammar = self.grammars.start(params)  # its structured-output matcher (grammar.py); a bad one fails here
-            seq.start_turn(params, make_generator(params.seed, self.device), logits_only=params.max_tokens == 0)
+            seq.start_turn(params, self.appender.generator(params), logits_only=params.max_tokens == 0)
             seq.grammar = grammar
             if asks_prompt:
                 prompt_logprobs.start(seq, params.prompt_logprobs, prompt_logprobs_from)
@@ -237,18 +231,19 @@ class Engine(SyncAPI):
         self.scheduler.add(seq)
         return seq
 
-    def add_requests(self, prompts, params=None, *, logits=False, tag=None, prompt_logprobs_from=None):
+    def add_requests(self, prompts: Prompts, params: Params = None, *, logits: bool = False, tag: str | None = None,
+                     prompt_logprobs_from: list[int] | None = None) -> list[Sequence]:
         """add_request for each prompt (one prompt, or a list; params: one for all, or one per prompt;
         prompt_logprobs_from: None for 1, or one each). All or nothing: when one is invalid, those already
         queued are aborted and the error raised."""
         prompts = prompt_list(prompts)
-        params = [None] * len(prompts) if logits else params_list(params, len(prompts))
+        each: list[SamplingParams | None] = [None] * len(prompts) if logits else [*params_list(params, len(prompts))]
         firsts = [1] * len(prompts) if prompt_logprobs_from is None else list(prompt_logprobs_from)
         if len(firsts) != len(prompts):
             raise ValueError(f"got {len(firsts)} prompt_logprobs_from for {len(prompts)} prompts")
         seqs = []
         try:
-            for prompt, p, first in zip(prompts, params, firsts):
+            for prompt, p, first in zip(prompts, each, firsts):
                 seqs.append(self.add_request(prompt, p, logits=logits, tag=tag, prompt_logprobs_from=first))
         except BaseException:
             for seq in seqs:
@@ -256,17 +251,17 @@ class Engine(SyncAPI):
             raise
         return seqs
 
-    def abort(self, seq):
+    def abort(self, seq: Sequence) -> None:
         """End a request that is queued or running: it leaves the scheduler and frees its blocks (a session
         keeps what it has computed and becomes idle). A request that already ended is left alone."""
         if seq.status in (Status.WAITING, Status.RUNNING):
             seq.finish_reason = "abort"
             self.scheduler.remove(seq)
 
-    def has_work(self):
+    def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self):
+    def step(self) -> list[Sequence]:
         """Schedule, run the forward pass, post-process. Returns the requests that ended in this step:
         finished, or failed (seq.error holds the exception, finish_reason is "error"). Rows whose forward
         pass raises fail alone (failures.py); everything else in the engine goes on. Each step that
@@ -274,39 +269,53 @@ class Engine(SyncAPI):
         if not self.scheduler.has_work():
             return []
         start, preempted_before = time.perf_counter(), self.scheduler.num_preemptions
+        rows, ended = self._schedule()
+        admitted = self.scheduler.pop_admitted()  # (prompt tokens found in the prefix cache, requests with a hit)
+        rows, seqs, logits, phase_seconds, failed = self._run(rows)
+        self._stats.totals["preemptions"] += self.scheduler.num_preemptions - preempted_before
+        finished, rider_rows = self.postprocess(rows, seqs, logits) if rows else ([], [])
+        self._record(start, rows, rider_rows, admitted, phase_seconds)
+        return ended + failed + finished
+
+    def _schedule(self) -> tuple[list[Row], list[Sequence]]:
+        """(the step's rows, []), or ([], every queued request failed) when nothing queued can ever run."""
         try:
-            rows = self.scheduler.schedule()
-        except RuntimeError as error:  # every block is held by sessions: nothing queued can ever run
-            return fail(self.scheduler, [(seq, error) for seq in [*self.scheduler.running, *self.scheduler.waiting]])
-        cached_tokens, cache_hits = self.scheduler.pop_admitted()
+            return self.scheduler.schedule(), []
+        except RuntimeError as error:  # every block is held by sessions
+            return [], fail(self.scheduler, [(seq, error) for seq in [*self.scheduler.running, *self.scheduler.waiting]])
+
+    def _run(self, rows: list[Row]
+             ) -> tuple[list[Row], list[Sequence], torch.Tensor | None, dict[str, float] | None, list[Sequence]]:
+        """The forward pass of `rows`, failures isolated (failures.py). Returns (the rows computed, their
+        sequences, their logits, phase_seconds, the requests that failed)."""
+        if not rows:
+            return [], [], None, None, []
         self.step_peak.start()
         try:
             seqs, logits, failed, phase_seconds = self._execute(rows)
         except EngineFailed as error:  # nothing can run any more: every request gets the error
             for seq in (ended := self.scheduler.take_all()):
                 seq.error, seq.finish_reason = error, "error"
-            return ended
+            return [], [], None, None, ended
         except BaseException:  # interrupted (KeyboardInterrupt...): nothing of this step counts
-            discard(self.scheduler, self.block_manager, rows, [])
+            discard(self.scheduler, rows, [])
             raise
-        ended = []
-        if failed:
-            rows, seqs, logits, ended = isolate(self.scheduler, self.block_manager, rows, seqs, logits, failed)
-        self._stats.totals["preemptions"] += self.scheduler.num_preemptions - preempted_before
-        if rows:
-            finished, rider_rows = self.postprocess(rows, seqs, logits)
-            ended += finished
-            self._record(start, rows, rider_rows, cached_tokens, cache_hits, phase_seconds)
-        self.step_peak.end()
-        return ended
+        if not failed:
+            return rows, seqs, logits, phase_seconds, []
+        rows, seqs, logits, ended = isolate(self.scheduler, rows, seqs, logits, failed)
+        return rows, seqs, logits, phase_seconds, ended
 
-    def _execute(self, rows):
+    def _execute(self, rows: list[Row]) -> tuple[list[Sequence], torch.Tensor | None,
+                                                  dict[int, tuple[Sequence, BaseException]], dict[str, float] | None]:
         """The step's forward pass: one fused pass; with profiling on and both phases present, the prefill
         rows then the decode rows, each timed. Returns (seqs, logits, failed, phase_seconds)."""
         phases = {"prefill": [r for r in rows if r.phase == "prefill"], "decode": [r for r in rows if r.phase == "decode"]}
         timed = self.profile and all(phases.values())
-        passes = phases.items() if timed else [(None, rows)]
-        seqs, logits, failed, phase_seconds = [], [], {}, {} if timed else None
+        passes: Iterable[tuple[Any, list[Row]]] = phases.items() if timed else [(None, rows)]  # phase None: untimed
+        seqs: list[Sequence] = []
+        logits: list[torch.Tensor] = []
+        failed: dict[int, tuple[Sequence, BaseException]] = {}
+        phase_seconds: dict[str, float] = {}
         for phase, part in passes:
             begin = self._clock() if timed else 0.0
             part_seqs, part_logits, part_failed = forward_isolating(self.runner.run, part, self._out_of_memory)
@@ -315,17 +324,18 @@ class Engine(SyncAPI):
             seqs += part_seqs
             logits += part_logits
             failed.update(part_failed)
-        return seqs, torch.cat(logits) if logits else None, failed, phase_seconds
+        return seqs, torch.cat(logits) if logits else None, failed, phase_seconds if timed else None
 
-    def _out_of_memory(self, num_tokens, error):
+    def _out_of_memory(self, num_tokens: int, error: BaseException) -> None:
         shrink_budget(self.scheduler, self.device, num_tokens, error)
 
-    def _clock(self):
+    def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the GPU's work so far is inside the time read here
         return time.perf_counter()
 
-    def postprocess(self, rows, seqs, logits):
+    def postprocess(self, rows: list[Row], seqs: list[Sequence], logits: torch.Tensor
+                    ) -> tuple[list[Sequence], list[tuple[Any, ...]]]:
         """After a forward pass: the rows' tokens are computed; each sequence a row ended (`seqs`, one
         `logits` row each; a speculative step's sequence one per row) gets its logits (a logits request) or
         its next tokens, and may finish; so does each sequence riding on it (scheduler.riding), from the
@@ -347,57 +357,30 @@ class Engine(SyncAPI):
             riders += [(rider, seq, len(rider), row) for rider in seq_riders]
         for seq, _, _, _ in to_sample:
             seq.num_computed = len(seq)  # every token it had is computed now (riders: by their leader's rows)
-        sampled, accepted, error = sample_in_order(to_sample, lambda index, seqs: self._sample(logits, index, seqs),
-                                                   self._check_stop)
+        sampled, accepted, error = self.appender.append(logits, to_sample)
         failed = fail(self.scheduler, [(seq, error[1]) for seq in error[0]]) if error else []
         totals["accepted_draft_tokens"] += accepted
         totals["draft_tokens"] += drafts.count()
         drafts.mark_wasted()
         finished += sampled
         ended = {id(seq) for seq in finished + failed}
-        rider_rows = part_ways(riders, ended, self.block_manager, self.scheduler, self.runner.copy_block, totals)
-        for seq in finished:
-            self.scheduler.remove(seq)
+        rider_rows = part_ways(riders, ended, self.scheduler, self.runner.copy_block, totals)
+        self.scheduler.finish(finished)
         return finished + failed, rider_rows
 
-    def _record(self, start, rows, rider_rows, cached_tokens, cache_hits, phase_seconds):
+    def _record(self, start: float, rows: list[Row], rider_rows: list[tuple[Any, ...]], admitted: tuple[int, int],
+                phase_seconds: dict[str, float] | None) -> None:
+        self.step_peak.end()
+        if not rows:
+            return
+        cached_tokens, cache_hits = admitted
         step_rows = [(row.seq.tag, row.phase, row.num_tokens, row.seq.seq_id) for row in rows if not row.wasted]
         riders = sum(map(len, self.scheduler.riding.values()))  # served by the step without rows of their own
         self._stats.record(start, time.perf_counter() - start, step_rows + rider_rows,
                            len({r.seq.seq_id for r in rows}) + riders, self.block_manager.num_used,
                            cached_tokens, cache_hits, phase_seconds=phase_seconds)
 
-    def _sample(self, logits, index, seqs):
-        allowed = masks(seqs, logits.shape[1], pin=logits.is_cuda)  # structured outputs' grammars (grammar.py)
-        if logits.is_cuda:  # all rows at once on the device, one host sync (device_sampling.py)
-            picked = logits if index == list(range(len(logits))) else logits.index_select(
-                0, torch.tensor(index, device=logits.device))
-            tokens, logprobs = device_sample(picked, seqs, allowed)
-        else:
-            tokens, logprobs = sample(logits.index_select(0, torch.tensor(index, device=logits.device)), seqs, allowed)
-        if allowed is not None:
-            advance(seqs, tokens)
-        return tokens, logprobs
-
-    def _check_stop(self, seq, token):
-        params, grammar = seq.params, getattr(seq, "grammar", None)
-        if grammar is not None and grammar.error is not None:
-            seq.error, seq.finish_reason = ValueError(f"structured output: {grammar.error}"), "error"
-            return True
-        if grammar is not None and grammar.ended:  # complete, nothing more can follow (or it took EOS)
-            seq.finish_reason = "length" if grammar.closed_early else "stop"  # JSON closed by its budget
-        elif (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            seq.finish_reason = "stop"
-        elif params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-            hits = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-            if hits:
-                seq.stop_text_at, seq.finish_reason = min(hits), "stop"
-        if seq.finish_reason is None and (seq.num_output >= params.max_tokens or len(seq) >= self.max_model_len):
-            seq.finish_reason = "length"
-        return seq.finish_reason is not None
-
-    def output(self, seq):
+    def output(self, seq: Sequence) -> RequestOutput:
         ids = seq.output_ids
         text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         if seq.stop_text_at is not None:
@@ -409,7 +392,7 @@ class Engine(SyncAPI):
                              seq.token_ids[:seq.output_start],
                              list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None)
 
-    def run_until_done(self, seqs):
+    def run_until_done(self, seqs: list[Sequence]) -> list[Sequence]:
         """Step until these requests end. When one fails, the others are aborted and its error raised."""
         try:
             while any(s.status in (Status.WAITING, Status.RUNNING) for s in seqs):
@@ -424,20 +407,20 @@ class Engine(SyncAPI):
 
     # -- stats --------------------------------------------------------------------------------------
     @property
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         return self._stats.summary()
 
     @property
-    def step_records(self):
+    def step_records(self) -> EngineStats:
         return self._stats
 
-    def reset_stats(self):
+    def reset_stats(self) -> None:
         self._stats.reset()
 
 
-def rows_by_sequence(seqs):
+def rows_by_sequence(seqs: list[Sequence]) -> list[tuple[Sequence, list[int]]]:
     """(seq, [its logits rows]) for each run of the same sequence in `seqs` (a speculative step's rows)."""
-    groups = []
+    groups: list[tuple[Sequence, list[int]]] = []
     for i, seq in enumerate(seqs):
         if groups and groups[-1][0] is seq:
             groups[-1][1].append(i)

@@ -4,6 +4,7 @@ The pass is retried on halves of its rows until those rows are found (rows are i
 rewrites the same K/V). Out of memory also lowers the token budget of later steps, and a single long
 chunk is retried in two. What the failed rows were to compute never happened: the blocks they were to
 fill are unhashed, and a row that took such a block as a prefix hit in this step is recomputed later.
+All of it is asked of the scheduler (its methods); nothing here edits its queues or its block manager.
 """
 import logging
 
@@ -58,26 +59,25 @@ def forward_isolating(run, rows, on_out_of_memory):
 
 
 def shrink_budget(scheduler, device, num_tokens, error):
-    """After running out of memory on num_tokens: later steps take at most half of them."""
+    """After running out of memory on num_tokens: the scheduler's later steps take at most half of them."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    budget = max(1, min(scheduler.max_batch_tokens, num_tokens // 2))
+    budget = scheduler.shrink_budget(num_tokens)
     logger.warning("byzantium: out of memory in a forward pass of %d tokens (%s); retrying it in smaller "
                    "parts; steps now take at most %d tokens", num_tokens, str(error)[:200], budget)
-    scheduler.max_batch_tokens = budget
 
 
-def isolate(scheduler, block_manager, rows, seqs, logits, failed):
+def isolate(scheduler, rows, seqs, logits, failed):
     """After rows failed: fail their requests, undo what they scheduled; keep the rest of the step.
     Returns (kept rows, their seqs, their logits, the requests that ended)."""
     errors = {type(e).__name__ + ": " + str(e)[:200] for _, e in failed.values()}
     logger.error("byzantium: a forward pass failed for %d of %d requests (%s); they get the error, the "
                  "others go on", len(failed), len(rows), "; ".join(sorted(errors)))
     failed_rows = [r for r in rows if r.seq.seq_id in failed]
-    kept, bad = discard(scheduler, block_manager, rows, failed_rows)
+    kept, bad = discard(scheduler, rows, failed_rows)
     for seq, _ in failed.values():
         if seq.pinned and bad.intersection(seq.block_table):  # its prefix hit was never computed
-            block_manager.release(seq)
+            scheduler.drop_blocks(seq)
     ended = fail(scheduler, failed.values())
     kept_ids = {r.seq.seq_id for r in kept}
     keep = [i for i, seq in enumerate(seqs) if seq.seq_id in kept_ids]
@@ -87,7 +87,7 @@ def isolate(scheduler, block_manager, rows, seqs, logits, failed):
     return kept, seqs, logits, ended
 
 
-def discard(scheduler, block_manager, rows, lost):
+def discard(scheduler, rows, lost):
     """The compute of `lost` rows (all rows when `lost` is empty: an interrupted step) did not happen:
     unhash the blocks they were to fill. A row that took such a block as a prefix hit in this step
     read K/V never written: its sequence is preempted (recomputed later). Returns (kept rows, the
@@ -95,7 +95,7 @@ def discard(scheduler, block_manager, rows, lost):
     lost_ids = {r.seq.seq_id for r in (lost or rows)}
     bad = set()
     for row in lost or rows:
-        bad |= block_manager.unregister_uncomputed(row.seq)
+        bad |= scheduler.forget_uncomputed(row.seq)
     kept = [r for r in rows if r.seq.seq_id not in lost_ids]
     if not lost:  # interrupted: every row is recomputed
         for row in rows:
@@ -107,7 +107,7 @@ def discard(scheduler, block_manager, rows, lost):
             return kept, bad
         for row in readers:
             kept.remove(row)
-            bad |= block_manager.unregister_uncomputed(row.seq)
+            bad |= scheduler.forget_uncomputed(row.seq)
             scheduler.preempt(row.seq)
 
 

@@ -1,8 +1,10 @@
-"""How many KV blocks an engine gets, and what it holds in memory (memory.py has the arithmetic)."""
+"""How many KV blocks an engine gets, and what it holds in memory (memory.py has the arithmetic).
+
+Planning takes numbers and returns numbers: the warm-up that measures an engine's activations is the
+engine's own (warm_up.py), run before it plans."""
 import torch
 
-from .memory import DEFAULT_CPU_KV_GIB, WarmUpPeaks, kv_blocks, physical_memory
-from .sampling import SamplingParams
+from .memory import DEFAULT_CPU_KV_GIB, kv_blocks, physical_memory
 
 
 def block_bytes(engine):
@@ -21,57 +23,30 @@ def default_num_blocks(engine, kv_cache_gib):
     return max(1, min(int(budget // block_bytes(engine)), enough_blocks(engine)))
 
 
-def plan_num_blocks(engine, fraction):
-    """KV blocks from what is left of this engine's share of the device (`fraction` of its memory:
-    weights, activations and KV together) once the weights are loaded and a warm-up forward at the
-    largest step the scheduler forms (max_batch_tokens of prefill) has measured the activations, as
-    serving engines plan it: on CUDA the prefill peak plus the decode graphs' pool (WarmUpPeaks). On CPU
-    the share is of RAM and activations are not measured."""
-    engine.build_cache(-(-engine.max_batch_tokens // engine.block_size) + engine.max_num_seqs)
-    peaks = warm_up(engine)
-    activations = peaks.activations if peaks is not None else None
-    engine.activations_bytes = activations
-    weights = memory_held(engine)["weights_bytes"]
-    if engine.device.type == "cuda":
-        # The warm-up's pool and everything holding it (runner buffers, graphs) go before measuring.
-        engine.kv_cache = engine.runner = engine.block_manager = engine.scheduler = None
+def plan_num_blocks(device, fraction, weights, peaks, block_bytes, enough, what):
+    """KV blocks from what is left of an engine's share of the device (`fraction` of its memory: weights,
+    activations and KV together) given its weights' bytes and the peaks its warm-up measured (warm_up.py:
+    on CUDA the prefill peak plus the decode graphs' pool, WarmUpPeaks; None on the CPU, where the share is
+    of RAM and activations are not measured), at most `enough`. `what` names the model in the error. Call
+    it with nothing of the engine's allocated beyond its weights: on CUDA the free memory is read here."""
+    activations = peaks.activations if peaks is not None else 0
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(engine.device)
+        free, total = torch.cuda.mem_get_info(device)
     else:
         total = free = physical_memory()
-    blocks = kv_blocks(total, fraction, weights, activations or 0, free, block_bytes(engine))
+    blocks = kv_blocks(total, fraction, weights, activations, free, block_bytes)
     if blocks < 1:
-        raise ValueError(f"{engine.model_dir} does not fit in memory_fraction={fraction} of the {engine.device} "
+        raise ValueError(f"{what} does not fit in memory_fraction={fraction} of the {device} "
                          f"({total / 2**30:.1f} GiB): weights {weights / 2**30:.2f} GiB, activations "
-                         f"{(activations or 0) / 2**30:.2f} GiB{graph_pool_note(peaks)} leave nothing for "
-                         f"the KV cache; raise "
-                         f"memory_fraction or lower max_batch_tokens")
-    return min(blocks, enough_blocks(engine))
+                         f"{activations / 2**30:.2f} GiB{graph_pool_note(peaks)} leave nothing for "
+                         f"the KV cache; raise memory_fraction or lower max_batch_tokens")
+    return min(blocks, enough)
 
 
-def warm_up(engine):
-    """Run the largest prefill step (dummy tokens, logits only) and, on CUDA, a sampled step of
-    max_num_seqs single-token rows (the most logits rows, top-k/top-p sorts, the largest decode CUDA
-    graph); WarmUpPeaks: the most each kind of step allocated beyond what it started with, and the
-    captured graphs' pool (CUDA; None elsewhere). Leaves no trace in the stats."""
-    per = max(1, min(engine.max_model_len - 1, engine.max_batch_tokens))
-    prompts, left = [], engine.max_batch_tokens
-    while left > 0 and len(prompts) < engine.max_num_seqs:
-        prompts.append([0] * min(per, left))
-        left -= len(prompts[-1])
-    cuda = engine.device.type == "cuda"
-    engine.step_peak.reset()
-    engine.logits(prompts, tag="warm-up")
-    prefill = engine.step_peak.bytes
-    if cuda:
-        engine.step_peak.reset()
-        rows = SamplingParams(max_tokens=2, temperature=1.0, top_k=50, top_p=0.9, seed=0)
-        engine.generate([[0]] * engine.max_num_seqs, rows, tag="warm-up")
-    engine.reset_stats()
-    if not cuda:
-        return None
-    torch.cuda.synchronize(engine.device)
-    return WarmUpPeaks(prefill, engine.step_peak.bytes, graph_pool_bytes(engine))
+def warm_up_blocks(config):
+    """The pool a warm-up needs: the largest prefill step and a row for each sequence."""
+    return -(-config.max_batch_tokens // config.block_size) + config.max_num_seqs
 
 
 def graph_pool_bytes(engine):

@@ -17,7 +17,7 @@ def give_logits(leader, riders, row, totals):
     return list(riders)
 
 
-def part_ways(riders, ended, block_manager, scheduler, copy_block, totals):
+def part_ways(riders, ended, scheduler, copy_block, totals):
     """After sampling, for each (rider, leader, rider's length before, leader's row): count what the
     rider got without a row of its own, and part it from a leader whose tokens it no longer shares.
     Returns the stats rows of the decode tokens riders got: (tag, "decode", tokens, seq_id)."""
@@ -29,6 +29,5 @@ def part_ways(riders, ended, block_manager, scheduler, copy_block, totals):
             rows.append((rider.tag, "decode", len(rider) - before, rider.seq_id))
             totals["shared_decode_tokens"] += len(rider) - before
         if id(rider) not in ended and rider.token_ids != leader.token_ids:
-            if not block_manager.unshare(rider, copy_block):
-                scheduler.preempt(rider)
+            scheduler.part(rider, copy_block)
     return rows

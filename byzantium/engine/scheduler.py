@@ -23,10 +23,11 @@ from .speculation import draft_tokens, speculative_rows
 
 
 class Scheduler:
-    def __init__(self, block_manager, max_num_seqs, max_batch_tokens, drafter=None, max_model_len=None):
-        self.blocks = block_manager
-        self.max_num_seqs, self.max_batch_tokens = max_num_seqs, max_batch_tokens
-        self.drafter, self.max_model_len = drafter, max_model_len
+    def __init__(self, block_manager, config, drafter=None):
+        """config: the engine's EngineConfig (its limits: max_num_seqs, max_batch_tokens, max_model_len)."""
+        self.blocks, self.config, self.drafter = block_manager, config, drafter
+        self.max_num_seqs, self.max_model_len = config.max_num_seqs, config.max_model_len
+        self.max_batch_tokens = config.max_batch_tokens  # this scheduler's own: lowered after running out of memory
         self.riding = {}  # this step: leader seq_id -> the sequences riding on its rows
         self.waiting = deque()
         self.running = []
@@ -54,6 +55,11 @@ class Scheduler:
         else:
             self.blocks.release(seq)
             seq.status = Status.FINISHED
+
+    def finish(self, seqs):
+        """These requests ended (finished, or failed): out of the queues, their blocks released."""
+        for seq in seqs:
+            self.remove(seq)
 
     def take_all(self):
         """Every request queued, running or riding, each once, taken out (the engine cannot go on)."""
@@ -176,9 +182,31 @@ class Scheduler:
         return True
 
     def preempt(self, seq):
+        """Release seq's blocks and put it first in the queue: it is recomputed later."""
         self.running.remove(seq)
         self.blocks.release(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    # -- what failure isolation (failures.py) and riders (riders.py) ask of it ---------------------------
+    def shrink_budget(self, num_tokens):
+        """After running out of memory on num_tokens: later steps take at most half of them. Returns the budget."""
+        self.max_batch_tokens = max(1, min(self.max_batch_tokens, num_tokens // 2))
+        return self.max_batch_tokens
+
+    def forget_uncomputed(self, seq):
+        """seq's rows of this step were not computed: its blocks they were to fill leave the prefix cache.
+        Returns those blocks."""
+        return self.blocks.unregister_uncomputed(seq)
+
+    def drop_blocks(self, seq):
+        """seq (a session that failed) lets go of its blocks: a prefix it took was never computed."""
+        self.blocks.release(seq)
+
+    def part(self, rider, copy_block):
+        """A rider that sampled another token than its leader gets its own copy of the shared last block, or,
+        with no free block, is preempted (recomputed later)."""
+        if not self.blocks.unshare(rider, copy_block):
+            self.preempt(rider)
 

@@ -4,9 +4,9 @@ A decoding request whose newest tokens (an n-gram, n from max_n down to min_n) o
 prompt or output proposes the tokens that followed that occurrence, at most `num_tokens` of them. The
 step feeds them after its newest token as single-token rows (Row.token), each one a decode query over
 the context before it, exactly as a step of plain decoding would compute it, and takes every row's
-logits. The engine then samples row after row with the request's own noise for that position
-(sampling.py: a request's i-th token races its logits against noise hashed from its key and i) and
-keeps a draft token only while it is the token sampled there. So the tokens are the ones decoding one
+logits. Sampling then goes row after row with the request's own noise for that position
+(sampling/noise.py: a request's i-th token races its logits against noise hashed from its key and i)
+and keeps a draft token only while it is the token sampled there (sampling/append.py). So the tokens are the ones decoding one
 at a time would have produced, at any temperature, and a step yields 1 to num_tokens + 1 of them. A
 request with a structured-output grammar samples each row from its grammar's mask, its matcher advanced
 through the tokens kept before that row (grammar.py), so its drafts need no rollback either.
@@ -18,9 +18,9 @@ most decode steps on a GPU), and repetitive text (judges restating the problem, 
 answer, a small model's loops) is what it drafts well. A step's draft rows are capped (`max_rows`, all
 rows of the step counted), so that a step whose rows already make it compute-bound does not grow.
 
-Everything of it is here: proposing drafts (PromptLookup, draft_tokens), the rows of a speculative step
-(speculative_rows), and after the pass, sampling row after row and keeping drafts while they match
-(sample_in_order, StepDrafts).
+Here: proposing drafts (PromptLookup, draft_tokens), the rows of a speculative step (speculative_rows),
+and after the pass the drafts each request was fed and the rows wasted (StepDrafts); the sampling loop
+that keeps drafts while they match is sampling/append.py's.
 """
 from .sequence import Row
 
@@ -98,32 +98,3 @@ class StepDrafts:
             for row in rows[len(seq) - before:]:
                 row.wasted = True
 
-
-def sample_in_order(to_sample, sample, check_stop):
-    """Sample each request's rows in turn: a plain step takes one round; a speculative one goes on to the
-    next row while the token sampled is the draft token that row was fed (so its logits follow from it).
-
-    to_sample: [(seq, its logits rows, its drafts, counted)]; sample(rows, seqs) -> (tokens, logprobs);
-    check_stop(seq, token) -> whether seq finished. Returns (finished, accepted drafts counted, the
-    requests whose sampling raised with the error, or None)."""
-    finished, accepted_count, position = [], 0, 0
-    while to_sample:
-        seqs = [seq for seq, _, _, _ in to_sample]
-        try:
-            tokens, logprobs = sample([index[position] for _, index, _, _ in to_sample], seqs)
-        except Exception as error:  # noqa: BLE001 - e.g. NaN logits: these requests fail, not the engine
-            return finished, accepted_count, (seqs, error)
-        going = []
-        for (seq, index, drafts, counted), token, lp in zip(to_sample, tokens, logprobs):
-            seq.token_ids.append(token)
-            seq.num_computed = len(seq) - 1  # accepted drafts' K/V are computed, the newest token's not
-            if lp is not None:
-                seq.logprobs.append(lp)
-            accepted = position < len(drafts) and token == drafts[position]
-            accepted_count += accepted and counted
-            if check_stop(seq, token):
-                finished.append(seq)
-            elif accepted:
-                going.append((seq, index, drafts, counted))
-        to_sample, position = going, position + 1
-    return finished, accepted_count, None

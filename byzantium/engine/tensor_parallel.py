@@ -21,21 +21,22 @@ import time
 import traceback
 import weakref
 from datetime import timedelta
+from functools import partial
 from multiprocessing.connection import wait
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .cache_setup import build_pool_and_runner
 from .failures import EngineFailed
-from .kv_cache import allocate_kv_cache
 from .layers import parallel
 from .model_setup import load_model
 from .models import model_class
-from .runner import ModelRunner
 
 logger = logging.getLogger("byzantium")
 
+ASKED = ("kv_cache",)  # instructions every rank answers (Peers.ask)
 TIMEOUT = timedelta(minutes=10)  # a collective that waits longer fails (a rank stuck, not dead)
 _OPEN = weakref.WeakSet()  # Peers not closed yet: closed at interpreter exit
 
@@ -79,18 +80,30 @@ def _connect(store, rank, size, device, group):
     return plans
 
 
-def _send(plans, message):
+def _send(plans, message, root=0):
     data = pickle.dumps(message)
-    plans.broadcast(torch.tensor([len(data)]), 0).wait()
-    plans.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0).wait()
+    plans.broadcast(torch.tensor([len(data)]), root).wait()
+    plans.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), root).wait()
 
 
-def _receive(plans):
+def _receive(plans, root=0):
     length = torch.zeros(1, dtype=torch.int64)
-    plans.broadcast(length, 0).wait()
+    plans.broadcast(length, root).wait()
     data = torch.empty(int(length), dtype=torch.uint8)
-    plans.broadcast(data, 0).wait()
+    plans.broadcast(data, root).wait()
     return pickle.loads(data.numpy().tobytes())
+
+
+def _answers(plans, rank, size, answer):
+    """Every rank but 0 broadcasts its answer in turn; each rank takes the others'. Returns them by rank."""
+    answers = {}
+    for speaker in range(1, size):
+        if speaker == rank:
+            _send(plans, answer, root=speaker)
+            answers[speaker] = answer
+        else:
+            answers[speaker] = _receive(plans, root=speaker)
+    return answers
 
 
 class Peers:
@@ -147,10 +160,18 @@ class Peers:
 
     def tell(self, kind, payload=None):
         """Send every other rank one instruction: ("run", StepPlan), ("copy_block", (src, dst)),
-        ("build_cache", kwargs) or ("exit", None)."""
+        ("build_cache", (EngineConfig, num_blocks)), one of ASKED (through ask) or ("exit", None)."""
         self.check()
         try:
             _send(self.plans, (kind, payload))
+        except Exception as error:  # noqa: BLE001 - a peer gone: named below
+            raise self.died(error) from error
+
+    def ask(self, kind):
+        """Each other rank's answer to `kind` ("kv_cache": its pool's kv_pool_facts), by rank."""
+        self.tell(kind)
+        try:
+            return _answers(self.plans, 0, len(self.workers) + 1, None)
         except Exception as error:  # noqa: BLE001 - a peer gone: named below
             raise self.died(error) from error
 
@@ -239,7 +260,9 @@ def worker_main(rank, size, port, device, build):
             kind, payload = _receive(plans)
             if kind == "exit":
                 break
-            worker.follow(kind, payload)
+            answer = worker.follow(kind, payload)
+            if kind in ASKED:
+                _answers(plans, rank, size, answer)
     except Exception:  # noqa: BLE001 - the rank ends; rank 0 names it
         print(f"byzantium: tensor-parallel rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         os._exit(1)
@@ -249,29 +272,38 @@ class RankWorker:
     """A worker rank's slice of the model, and of the KV cache with its runner once rank 0 sizes it."""
 
     def __init__(self, model, device):
-        self.model, self.device, self.runner = model, device, None
+        self.model, self.device, self.runner, self.kv_cache = model, device, None, None
 
     def follow(self, kind, payload):
+        """Do what rank 0 said; an answer (to Peers.ask) is returned."""
         if kind == "run":
             self.runner.execute(payload)
         elif kind == "copy_block":
             self.runner.copy_block(*payload)
-        elif kind == "build_cache":
-            self.runner = None  # the old pool goes before the new one is allocated
-            kv_cache = allocate_kv_cache(self.model.config.num_hidden_layers, payload["num_blocks"],
-                                         payload["block_size"], self.model.num_kv_heads, self.model.head_dim,
-                                         payload["kv_dtype"], self.device)
-            self.runner = ModelRunner(self.model, kv_cache, payload["block_size"], self.device,
-                                      payload["attention_backend"], max_num_seqs=payload["max_num_seqs"],
-                                      max_batch_tokens=payload["max_batch_tokens"],
-                                      max_model_len=payload["max_model_len"], cuda_graphs=False)
+        elif kind == "build_cache":  # (the engine's resolved config, the blocks it planned)
+            config, num_blocks = payload
+            self.kv_cache = self.runner = None  # the old pool goes before the new one is allocated
+            self.kv_cache, self.runner = build_pool_and_runner(self.model, config, num_blocks, self.device)
+        elif kind == "kv_cache":
+            return kv_pool_facts(self.kv_cache)
         else:
             raise ValueError(f"unknown instruction {kind!r} from rank 0")
 
 
-def build_rank(model_dir, options, dtype, rank, device):
+def kv_pool_facts(kv_cache):
+    """What a rank's pool is: its blocks, its bytes and where it starts in the rank's memory."""
+    return {"num_blocks": kv_cache.shape[2], "bytes": kv_cache.numel() * kv_cache.element_size(),
+            "address": kv_cache.data_ptr()}
+
+
+def start_ranks(group, model_dir, engine_config):
+    """Ranks 1..N-1 of `group`, each loading its slice of the model as rank 0 did (rank 0's Peers)."""
+    return Peers(group, engine_config.device, partial(build_rank, model_dir, engine_config))
+
+
+def build_rank(model_dir, engine_config, rank, device):
     """A worker's RankWorker: its slice of the checkpoint's model, built as rank 0 built its own."""
     from transformers import AutoConfig
     config = AutoConfig.from_pretrained(model_dir)
-    model = load_model(model_class(config), config, model_dir, dtype, device, options).model
+    model = load_model(model_class(config), config, model_dir, engine_config.dtype, device, engine_config).model
     return RankWorker(model, device)

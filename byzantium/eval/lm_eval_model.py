@@ -11,7 +11,7 @@ computed once and shared by its continuations (the prefix cache). Tokenizing fol
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..engine.engine import Engine
 
 

@@ -21,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..protocols import graphs, prompts
 from ..protocols.byzantine import ADVERSARY_MODES, make_agents
 from ..protocols.cpwbft import run_cpwbft

@@ -34,7 +34,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..tasks import normalize_answer
 from . import adaptive, prompts
 from .distractor import distractor

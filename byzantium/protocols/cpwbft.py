@@ -16,7 +16,7 @@ Every request is seeded from (seed, problem, agent, round, "solve").
 """
 import asyncio
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..tasks import normalize_answer
 from ..tasks.answers import read_confidence
 from . import prompts

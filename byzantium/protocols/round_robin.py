@@ -33,7 +33,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..tasks import extract_answer
 from . import adaptive
 from .attacks import ATTACK_MODES, CANDIDATES, injection

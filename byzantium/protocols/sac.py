@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import math
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..tasks.answers import read_score
 from . import prompts
 from .byzantine import observe_adversaries, prepare_adversaries, seeded

@@ -7,7 +7,7 @@ No votes at all -> no answer (wrong).
 import asyncio
 from dataclasses import dataclass, field
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 from ..tasks import extract_answer
 from .attacks import injection
 from .plurality import Vote, plurality, stable_seed

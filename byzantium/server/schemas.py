@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..backends.params import SamplingParams
+from ..backends import SamplingParams
 
 MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's limit)
 # the most stop strings a request may give: past OpenAI's 4, since lm-eval's local-completions sends a

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.strict_schema import strict
+from ..engine.sampling.strict_schema import strict
 from ..engine.grammar import JSON_OPTIONS  # JSON without free whitespace, as every schema is compiled
 from ..engine.tool_call_closing import closing_comment
 from .schemas import APIError, structured

@@ -1,19 +1,19 @@
-"""The CUDA sampler: every row of a step sampled together on the device, one host sync.
+"""The CUDA sampler (sampler.py's contract): every row of a step sampled together on the device, one host sync.
 
-Same contract as sampling.sample: sample(logits [N, V] fp32, requests) -> (tokens, logprobs). That
-one goes row by row (a compiled race and a host sync per sampled row); this one computes all rows
-at once and reads tokens, flags and logprobs back with a single .tolist().
+It runs on CPU tensors as well (the tests compare it with cpu.py there). cpu.py goes row by row (a
+compiled race and a host sync per sampled row); this one computes all rows at once and reads tokens,
+flags and logprobs back with a single .tolist().
 
-The same random stream as sampling.sample: the i-th token a request samples is the argmax of its row's
+The same random stream as cpu.py: the i-th token a request samples is the argmax of its row's
 kept logits (over the temperature) plus Gumbel noise hashed from (the request's key, i) and each token
-id (sampling.stream, sampling.gumbel_noise; the key is its seed, else the random initial seed of its own
+id (noise.stream, noise.gumbel_noise; the key is its seed, else the random initial seed of its own
 generator). The two words of the stream are hashed on the host (N a step, microseconds) and travel with
 the other per-row parameters in one small copy. Everything before the race (penalties, temperature,
 top-k, top-p) is a function of the row alone, so the token is the same whichever rows share the batch,
 and rounding noise in the logits moves it only when the two best scores are that close. Greedy rows
 are argmax.
 
-Differences from sampling.sample: top-k keeps exactly k tokens (ties at the k-th logit: the lower ids),
+Differences from cpu.py: top-k keeps exactly k tokens (ties at the k-th logit: the lower ids),
 where the CPU sampler keeps every token tied with the k-th; and the noise's logs round as torch's do,
 where the compiled CPU race uses its own polynomial (a token differs only at a near-tie of ~1e-7).
 Plain rows race over the whole vocabulary, NOISE_ROWS rows at a time ([64, vocab] int64 hashes).
@@ -26,8 +26,9 @@ the kept tokens end exactly there.)
 """
 import torch
 
-from .grammar import apply_bitmask
-from .sampling import check_constraints, gumbel_noise, request_key, stream
+from ..grammar import apply_bitmask
+from .noise import gumbel_noise, request_key, stream
+from .sampler import check_constraints
 
 CANDIDATES = 1024
 NOISE_ROWS = 64
@@ -40,7 +41,7 @@ def _send(values, dtype, device):
 
 
 def _penalize(logits, requests):
-    """OpenAI's presence and frequency penalties (sampling._penalize's arithmetic) for the rows that
+    """OpenAI's presence and frequency penalties (cpu._penalize's arithmetic) for the rows that
     have them, all at once: counts by scatter_add (torch.bincount would sync on CUDA)."""
     rows = [i for i, r in enumerate(requests)
             if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids]
@@ -92,7 +93,7 @@ def _narrow(x, top_k, top_p, lo, hi, width):
         ids = ids.gather(1, order)
     in_k = torch.arange(vals.shape[1], device=x.device)[None, :] < top_k[:, None]
     # Probabilities renormalised over the k kept tokens (the softmax of the top-k-masked row, as
-    # sampling.sample), or over the whole row when top-k is off. Softmax and cumsum, not logsumexp: they
+    # cpu.sample), or over the whole row when top-k is off. Softmax and cumsum, not logsumexp: they
     # reduce each row alone, where a reduction's split (so its rounding) may depend on the batch shape.
     probs = torch.where((top_k < vocab)[:, None], torch.softmax(vals.masked_fill(~in_k, float("-inf")), dim=-1),
                         torch.softmax(x, dim=-1).gather(1, ids)).double()
@@ -125,11 +126,8 @@ def _sample_rows(work, rows, params, keys, counters, vocab, width):
 
 
 def sample(logits, requests, allowed=None):
-    """Pick one token per row of `logits` [N, V] (fp32) for `requests` (objects with .params,
-    .generator, .output_ids). allowed: None, or the grammar masks of the constrained rows (grammar.masks),
-    applied on the device in one masked fill. Returns (tokens, logprobs) as sampling.sample does:
-    logprobs[i] is None or {token_id: log-probability} with the sampled token and the top
-    `params.logprobs` tokens of the unmodified distribution."""
+    """One token per row of `logits` [N, V] (fp32) for `requests`: sampler.py's contract (the grammar
+    masks applied on the device in one masked fill)."""
     n, vocab = logits.shape
     device = logits.device
     params = [r.params for r in requests]

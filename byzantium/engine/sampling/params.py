@@ -1,5 +1,5 @@
-"""SamplingParams: how one request is decoded. The LLM interface owns this vocabulary; the engine, the
-backends and the protocols all speak it, so protocols depend on backends only.
+"""SamplingParams: how one request is decoded. The engine defines it (it enforces every field); the LLM
+interface (backends) re-exports it, so protocols speak it through backends and never import the engine.
 """
 import json
 from dataclasses import dataclass, field
