@@ -385,6 +385,12 @@ class ScoreValues(Values):
                 r"(?:an?\s+|at\s+|as\s+)?(?:score\s+of\s+|rating\s+of\s+)?", False)] + REVISING_MARKERS
     percent_divides = False  # a score above 1 is clipped; a confidence above 1 is a percentage
 
+    def bare(self, line):
+        # A closing line that is one score ("0.8", "7/10", "85%"), not a line of the judge's working
+        # ("24 * 2 - 28 - 25 * 2", a judge cut off mid-sum, whose last 2 would be clipped to 1.0).
+        found = self.find(line)
+        return len(found) == 1 and found[0].start == 0 and not line[found[0].end:].strip(" .*_!")
+
     def find(self, text):
         return found_in(_RATIO, text, self._value, re.I)
 
