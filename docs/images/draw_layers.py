@@ -22,7 +22,8 @@ OUT = pathlib.Path(__file__).with_name("layers.svg")
 
 WHAT = {  # a few words for each package
     "cli": "the commands", "server": "OpenAI-compatible HTTP", "sweep": "experiment files, cell by cell",
-    "generate": "byzantium generate", "eval": "lm-eval model", "plan": "GPU plans",
+    "generate": "byzantium generate", "serve_command": "byzantium serve", "eval": "lm-eval model",
+    "plan": "GPU plans",
     "commands": "the command registry", "experiments": "runs, reports, plots",
     "protocols": "SAC, CP-WBFT, RR, MAJ, resilience", "backends": "the LLM interface",
     "tasks": "data, answers, sandbox", "engine": "the decoding engine", "kernels": "attention, linears, MoE",
