@@ -162,7 +162,7 @@ def run_server_backend(name, command, port, model_name, model_dir, task_manager,
     finally:
         stop_server(server)
     row["load_s"] += start_s
-    row["command"] = shlex.join(command)
+    row["command"] = command
     row["printed"] = printed
     return row
 
@@ -210,6 +210,14 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
+def without_local_paths(command, args):
+    """A command as the results page shows it: no path of this machine (python, the vLLM venv, the model)."""
+    shown = {sys.executable: "python", args.model_dir: args.model}
+    if args.vllm_venv:
+        shown.update({args.vllm_venv: "VLLM_VENV", str(Path(args.vllm_venv) / "bin" / "python"): "VLLM_VENV/bin/python"})
+    return [shown.get(part, part) for part in command]
+
+
 def record(rows, args, versions, load_before):
     sides = [
         f"- Batching: --batch-size {args.batch_size} is hf's forward batch and local-completions' prompts per "
@@ -229,7 +237,7 @@ def record(rows, args, versions, load_before):
              f"- Versions: {versions}",
              f"- Machine load average before the run: {load_before[0]:.1f} (1 min), {load_before[1]:.1f} (5 min) on "
              f"{os.cpu_count()} cores; other work on the machine (outside the bench lock) slows every backend",
-             f"- Command: `{shlex.join(['python', 'bench/arc_eval.py'] + sys.argv[1:])}`",
+             f"- Command: `{shlex.join(['python', 'bench/arc_eval.py'] + without_local_paths(sys.argv[1:], args))}`",
              f"- Model: {args.model} (fp32). load / start s: building lm-eval's model in-process, or starting "
              "the server until /health answers plus building the local-completions client. Then a warm-up on the "
              f"first {args.warm_up} questions; eval s is the timed run over all of them (neither of the others; "
@@ -237,7 +245,7 @@ def record(rows, args, versions, load_before):
              *sides]
     for row in rows:
         if "command" in row:
-            entry.append(f"- {row['backend']} started as: `{row['command']}`")
+            entry.append(f"- {row['backend']} started as: `{shlex.join(without_local_paths(row['command'], args))}`")
     if args.note:
         entry.append(f"- Note: {args.note}")
     entry += ["", table(rows), ""]
@@ -297,7 +305,7 @@ def main(argv=None):
     from byzantium.engine.loader import resolve_model
 
     task_manager = TaskManager(include_path=str(write_task(rows_in, workdir.name)))
-    model_dir = str(resolve_model(args.model))
+    model_dir = args.model_dir = str(resolve_model(args.model))
     versions = (f"lm_eval {metadata.version('lm_eval')}, torch {torch.__version__}, "
                 f"transformers {metadata.version('transformers')}")
     rows = []
