@@ -11,11 +11,12 @@ between turns so that round-robin over HTTP prefills only the new tokens.
 
 The files, each importing only those below it:
     app.py        build_app, ServerThread, serve and the `byzantium serve` command
-    routes.py     the routes and error handlers
+    routes/       one FastAPI router a topic (admin, models, completions, chat, sessions), thin handlers
+                  over the Server; the error handlers
     streaming.py  streamed choices as server-sent events
     guard.py      the middleware: arrival time, request counts, 503 while stopping, API key, body size
-    state.py      the models served, admission, prompts (tokenized off the event loop), running and
-                  aborting requests, usage, the shutdown timeout
+    state.py      the Server the handlers work through: the models served, admission, prompts (tokenized
+                  off the event loop), running and aborting requests, sessions, usage, the shutdown timeout
     metrics.py    the Prometheus metrics and each engine request's timing
     responses.py  ids, finish reasons, logprobs, text deltas, events
     schemas.py    request bodies, their sampling params, the error shape

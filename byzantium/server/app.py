@@ -28,7 +28,6 @@ def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_s
     call format of every model (hermes, llama3_json, mistral; default: each model's chat template's)."""
     server = Server(llms, api_key, max_waiting, max_body_bytes, max_sessions, shutdown_timeout, tool_parser)
     app = FastAPI(title="Byzantium", docs_url=None, redoc_url=None)
-    app.state.server = server
     add_routes(app, server)
     return app
 

@@ -15,11 +15,11 @@ from .schemas import error_response
 ARRIVAL = "byzantium.arrival"  # the scope key of the request's arrival time (time.perf_counter())
 
 
-def route_of(scope):
+def route_of(scope, routes):
     """The route template the request matches (`/v1/sessions/{session_id}/continue`), so that the counter's
     labels stay few; `unmatched` for paths no route has."""
     partial = None
-    for route in getattr(getattr(scope.get("app"), "router", None), "routes", ()):
+    for route in routes:
         match, _ = route.matches(scope)
         if match is Match.FULL:
             return route.path
@@ -29,14 +29,16 @@ def route_of(scope):
 
 
 class Guard:
-    def __init__(self, app, server):
-        self.app, self.server = app, server
+    """routes: the app's routes (those of its routers), whose templates label the request counter."""
+
+    def __init__(self, app, server, routes=()):
+        self.app, self.server, self.routes = app, server, list(routes)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         scope[ARRIVAL] = time.perf_counter()
-        route, status = route_of(scope), None
+        route, status = route_of(scope, self.routes), None
 
         async def counted(message):
             nonlocal status

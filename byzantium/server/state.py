@@ -1,7 +1,8 @@
-"""What the server holds and the request logic its routes share: the models served (Served), admission
-(429 when a model's queue is full), context length checks, prompts and chat messages to token ids (on a
-worker thread, never on the event loop), running requests (observed for the metrics, aborted when the
-client goes away or the shutdown timeout runs out), and usage counts."""
+"""The Server: what the routes' handlers work through, so that none reaches into an engine. It holds the
+models served (Served) and offers what a handler needs: the model a request names, admission (429 when a
+model's queue is full), context length checks, prompts and chat messages to token ids (on a worker
+thread, never on the event loop), /tokenize and /detokenize, running requests (observed for the
+metrics, aborted when the client goes away or the shutdown timeout runs out), sessions, and usage counts."""
 from __future__ import annotations
 
 import asyncio
@@ -11,13 +12,21 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 from ..engine.chat import ChatTemplateError, render_chat
 from ..engine.sequence import Status
 from .metrics import Metrics
-from .schemas import ROLES, APIError
+from .responses import new_id
+from .schemas import ROLES, APIError, sampling_params
 from .tool_parsers import PARSERS
 from .tools import default_tools_template, template_fields, tools_template_kwargs
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from ..engine.sequence import Session
+    from .schemas import Message, SessionContinue
 
 KEEP_STEP_RECORDS = 10_000  # a server runs for days: keep the latest step records only (totals count all)
 MAX_MESSAGES = 2048  # messages of one chat: rendering this many tiny ones takes a fraction of a second
@@ -68,8 +77,23 @@ class Served:
         return max(self.in_flight - self.engine.num_running, self.engine.num_waiting)
 
     @property
-    def max_model_len(self):
+    def max_model_len(self) -> int:
         return self.engine.engine.max_model_len
+
+    @property
+    def tokenizer(self):
+        """The model's Hugging Face tokenizer, or None (a model served on token ids only)."""
+        return self.llm.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.engine.config.vocab_size
+
+    def room(self, num_tokens: int) -> int:
+        """Tokens a request of `num_tokens` may generate at most: what the context and the KV pool leave
+        (OpenAI's chats have no default cap)."""
+        engine = self.engine.engine
+        return min(self.max_model_len, engine.num_blocks * engine.block_size) - num_tokens
 
     async def on_worker(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on this model's tokenizer thread."""
@@ -81,7 +105,7 @@ class Served:
 
 
 class Server:
-    """What every route works on: the models served, the open sessions, the limits and the metrics."""
+    """What every route works through: the models served, the open sessions, the limits and the metrics."""
 
     def __init__(self, llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024,
                  shutdown_timeout=30.0, tool_parser=None):
@@ -158,7 +182,37 @@ class Server:
             raise APIError(409, f"session `{session_id}` has a request in flight; wait for it to end",
                            param="session_id", code="session_busy")
 
+    def tokenizer_model(self, name: str | None) -> Served:
+        """The model a tokenizer route names (the only one, when it names none) that has a tokenizer."""
+        if name is None and len(self.models) > 1:
+            raise APIError(400, f"name the model: this server serves {', '.join(self.models)}", param="model")
+        served = self.model(name if name is not None else next(iter(self.models)))
+        if served.tokenizer is None:
+            raise APIError(400, f"model {served.name} has no tokenizer", param="model")
+        return served
+
     # -- prompts (tokenized on the model's tokenizer thread) ----------------------------------------------
+    async def tokenize(self, served: Served, text: str, add_special_tokens: bool = True) -> list[int]:
+        """vLLM's /tokenize: `text` as the tokenizer reads it, special tokens parsed."""
+        self.check_chars(served, len(text), "prompt")
+        tokenizer = served.tokenizer
+        return await served.on_worker(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    async def detokenize(self, served: Served, token_ids: list[int]) -> str:
+        bad = [t for t in token_ids if not 0 <= t < served.vocab_size]
+        if bad:
+            raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {served.vocab_size})",
+                           param="tokens")
+        tokenizer = served.tokenizer
+        return await served.on_worker(lambda: tokenizer.decode(token_ids))
+
+    async def decode_each(self, served: Served, ids_list: list[list[int]]) -> list[str]:
+        """Each prompt's text as the tokenizer writes it back (what `echo` returns); "" without a tokenizer."""
+        tokenizer = served.tokenizer
+        if tokenizer is None:
+            return [""] * len(ids_list)
+        return await served.on_worker(lambda: [tokenizer.decode(ids) for ids in ids_list])
+
     async def completion_prompts(self, served, body):
         prompt = body.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
@@ -242,6 +296,75 @@ class Server:
             return await served.on_worker(served.llm.encode_plain, text)
         self.check_length(served, session.num_tokens + len(token_ids), None, "token_ids", where="session")
         return token_ids
+
+    # -- sessions ----------------------------------------------------------------------------------------
+    def check_room_for_session(self):
+        if len(self.sessions) >= self.max_sessions:
+            raise APIError(429, f"{len(self.sessions)} sessions are open (limit {self.max_sessions}); close some",
+                           type="rate_limit_exceeded", code="rate_limit_exceeded")
+
+    async def open_session(self, served: Served, prompt: str | list[int] | None, messages: list[Message] | None,
+                           template_kwargs: dict | None) -> tuple[str, Session]:
+        """A new session on a prompt (text or token ids) or on chat messages: (its id, the Session)."""
+        if (prompt is None) == (messages is None):
+            raise APIError(400, "give either prompt or messages", param="prompt")
+        self.check_room_for_session()
+        if messages is not None:
+            ids = await self.chat_ids(served, messages, template_kwargs)
+        else:
+            ids = await self.prompt_ids(served, prompt)
+        self.check_room_for_session()  # others may have opened theirs while this prompt was tokenized
+        session = await served.engine.open_session(ids, tag="session")
+        session_id = new_id("sess")
+        self.sessions[session_id] = (served, session)
+        return session_id, session
+
+    async def append_to_session(self, session_id: str, text: str | None,
+                                token_ids: list[int] | None) -> tuple[Session, int]:
+        """Text or token ids appended to an idle session: (the Session, tokens appended)."""
+        served, session = self.session(session_id)
+        if (text is None) == (token_ids is None):
+            raise APIError(400, "give either text or token_ids", param="text")
+        self.check_idle(session, session_id)
+        ids = await self.append_ids(served, session, text, token_ids)
+        served, session = self.session(session_id)  # closed while its text was tokenized: 404
+        self.check_idle(session, session_id)
+        try:
+            added = await served.llm.extend(session, ids)
+        except ValueError as error:
+            raise APIError(400, str(error), param="text" if text is not None else "token_ids")
+        return session, added
+
+    async def continue_session(self, session_id: str, body: SessionContinue, request: Request | None,
+                               arrival: float) -> tuple[Served, Session, object]:
+        """One turn generated on an idle session: (Served, Session, its RequestOutput)."""
+        served, session = self.session(session_id)
+        self.check_idle(session, session_id)
+        max_tokens = body.max_tokens
+        self.check_length(served, session.num_tokens, max_tokens, "max_tokens", where="session")
+        if max_tokens is None:
+            max_tokens = served.room(session.num_tokens)
+        params = sampling_params(body, max_tokens, body.logprobs)
+        self.admit(served)
+        served.in_flight += 1
+        try:
+            (out,) = await self.wait(request, [self.run_one(served, session, params, arrival, tag="turn")])
+        except ValueError as error:
+            raise APIError(400, str(error), param="max_tokens")
+        except RuntimeError:
+            if session.closed:
+                raise APIError(409, f"session `{session_id}` was closed (DELETE) while this continue ran; "
+                                    f"what it generated is gone with it", param="session_id",
+                               code="session_closed") from None
+            raise
+        finally:
+            served.in_flight -= 1
+        return served, session, out
+
+    async def close_session(self, session_id: str) -> None:
+        served, session = self.session(session_id)
+        del self.sessions[session_id]
+        await served.engine.close_session(session)
 
     # -- running requests ------------------------------------------------------------------------------
     async def tracked(self, served, prompt, params, arrival, count_prompt=True, tag="serve"):
