@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/batch_invariance.py [--smoke] [--out DIR]
 
 What it reports: the probe's next-token logits alone vs in the batch (largest difference), and where its
-greedy tokens part, if they do. What it asserts is only what the engine promises (README, GPU check):
+greedy tokens part, if they do. What it asserts is only what the engine promises (docs/benchmarks.md, the GPU check):
 on the CPU (fp32, --smoke) a request's tokens do not depend on its batch; on CUDA the batch may change the
 GEMM kernels cuBLAS picks (1 row vs 64) and so the last bits of every sum, so the promise is that the logit
 drift stays within the dtype's bound (bf16: 2^-4 of the logits' largest magnitude) and that greedy tokens

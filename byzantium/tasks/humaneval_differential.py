@@ -162,8 +162,8 @@ def honest_cases():
 
 
 def deliberate_differences(problems):
-    """Wrong completions the official harness passes and we fail on purpose (README "HumanEval
-    verdicts"), as (label, problem, completion)."""
+    """Wrong completions the official harness passes and we fail on purpose (docs/sandbox.md,
+    "HumanEval verdicts"), as (label, problem, completion)."""
     by_id = {p["task_id"]: p for p in problems}
     cases = [("always-equal object", DOUBLED, "    class Any:\n        def __eq__(self, other):\n            return True\n"
                                               "    return Any()\n")]

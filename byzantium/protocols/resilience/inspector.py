@@ -1,5 +1,5 @@
 """Inspector: an extra agent that reviews every message before it is delivered, the system's final output
-included (ours, on purpose: the paper speaks of the messages agents exchange; README, "where we differ").
+included (ours, on purpose: the paper speaks of the messages agents exchange; docs/reproduction.md, "Resilience").
 
 It sees the task, the conversation so far and the new message, and answers with a JSON object
 {"decision": "safe"} or {"decision": "unsafe", "revision": "<the corrected message>"}. An unsafe message
