@@ -5,7 +5,7 @@ A request's SamplingParams may carry one constraint: json_schema, json_object, r
 (Grammars.start: a bad schema or regex fails there, before the request is queued). Each time the
 engine samples a set of rows, the tokens every constrained request's matcher allows next are computed
 as one bitmask row each (one bit per token; all constrained rows at once, on llguidance's threads:
-`masks`), and the sampler (sampling.sample, device_sampling.sample) draws from a copy of the logits in
+`masks`), and the sampler (sampling/cpu.py's or sampling/cuda.py's sample) draws from a copy of the logits in
 which one batched operation has set every token a constrained row does not allow to -inf
 (`apply_bitmask`, on the CPU and on CUDA). Rows without a constraint are untouched, and logprobs still
 report the model's distribution.
@@ -15,14 +15,15 @@ grammar is complete; a request whose grammar can go no further ends there (finis
 The grammar engine is llguidance (the `structured` extra): one 3 MB abi3 wheel with no dependencies
 (xgrammar requires torch, triton and apache-tvm-ffi, so installing it may move the pinned torch;
 outlines-core compiles a schema to a regex DFA ahead of time, slow for large schemas and without
-recursive ones); a mask costs tens of microseconds on the CPU (an Earley parser over a lexer, computed
-lazily, no precompilation per schema); it covers JSON Schema broadly (vLLM's "guidance" backend), and
-takes regexes and Lark grammars as well (GBNF is converted), so `grammar` came for free. JSON schemas
-are compiled without flexible whitespace (", " and ": " between items, no newlines): a small model
-given free whitespace can emit it forever. A schema's own "x-guidance" options override that. A schema's
-objects take only the properties they name unless they say otherwise (backends/strict_schema.py), and
-JSON mode and JSON schemas end within max_tokens, their JSON whole (JsonCloser), and so do forced tool
-calls (tool_call_closing.py) and regexes (regex_closing.py: matching, never cut inside a character).
+recursive ones); a mask is cheap next to a decode step (an Earley parser over a lexer, computed
+lazily, no precompilation per schema; bench/results/grammar_mask.md); it covers JSON Schema broadly
+(vLLM's "guidance" backend), and takes regexes and Lark grammars as well (GBNF is converted), so
+`grammar` came for free. JSON schemas are compiled without flexible whitespace (", " and ": " between
+items, no newlines): a small model given free whitespace can emit it forever. A schema's own
+"x-guidance" options override that. A schema's objects take only the properties they name unless they
+say otherwise (sampling/strict_schema.py), and JSON mode and JSON schemas end within max_tokens, their
+JSON whole (JsonCloser), and so do forced tool calls (tool_call_closing.py) and regexes
+(regex_closing.py: matching, never cut inside a character).
 
 Speculation (speculation.py) needs nothing more: its draft tokens are only inputs, every token kept is a
 sampled one, drawn row after row from the grammar's mask for the state advanced through the tokens
@@ -190,9 +191,10 @@ class JsonCloser:
 
 
 class Grammars:
-    """An engine's grammars: its tokenizer as llguidance reads it (built on first use, ~0.4 s for a 49k
-    vocabulary), and one matcher per distinct constraint, compiled once (milliseconds) and copied for each
-    request (LLMatcher.deep_copy, microseconds); the newest `cache_size` constraints are kept."""
+    """An engine's grammars: its tokenizer as llguidance reads it (built on first use, and once: it is
+    the costly part for a large vocabulary), and one matcher per distinct constraint, compiled once
+    (milliseconds) and copied for each request (LLMatcher.deep_copy, microseconds); the newest
+    `cache_size` constraints are kept."""
 
     def __init__(self, tokenizer, vocab_size, eos_token_ids, cache_size=256):
         self.hf_tokenizer, self.vocab_size = tokenizer, vocab_size
@@ -321,8 +323,8 @@ def apply_bitmask(logits, allowed):
 
     The bits become a float addend, 0.0 where a token is allowed and -inf where not (the int32 pattern
     0xFF800000), added to those rows: no branch per token, so the cost is the same whatever the mask (a
-    masked fill over real masks' runs measured 2-3x slower at 32 x 49k on the CPU). CPU: numpy unpacks the
-    bits; CUDA: the packed mask (R x V / 8 bytes) is copied over and unpacked there."""
+    masked fill over real masks' runs is slower on the CPU: bench/results/grammar_mask.md). CPU: numpy
+    unpacks the bits; CUDA: the packed mask (R x V / 8 bytes) is copied over and unpacked there."""
     rows, bitmask = allowed
     n, vocab = logits.shape
     if logits.device.type == "cpu" and sys.byteorder == "little":

@@ -35,7 +35,7 @@ from .runner import RESULTS, to_json, write_summary
 
 DATASET = "gen-sum"
 METHODS = ("maj", "rrmaj")
-DEMO_QUESTIONS = 20  # `byzantium demo`: questions per configuration (about 2-3 minutes on 2 CPU cores)
+DEMO_QUESTIONS = 20  # `byzantium demo`: questions per configuration (few enough for a laptop's CPU in minutes)
 
 
 def _mean(values):

@@ -16,7 +16,7 @@ torch version, then cached.
     if ext.prefill_supported(head_dim):               # cpu_prefill.h (AVX-512)
         out = ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
     h = ext.rms_norm(x, weight, eps); a = ext.silu_mul(gate_up); q = ext.rope(q, cos, signed_sin)  # cpu_layer_ops.h
-    token = ext.race_sample(logits, stream_lo, stream_hi)  # cpu_sampling.cpp (engine/sampling.py)
+    token = ext.race_sample(logits, stream_lo, stream_hi)  # cpu_sampling.cpp (engine/sampling/cpu.py)
 
 Each kernel is written once, as a template over the SIMD traits of cpu_simd.h (vector width, loads and
 stores of fp32 and bf16, FMA, reductions, bf16 dot products), in a header (cpu_gemm.h, cpu_decode.h,
@@ -27,8 +27,9 @@ instruction set runs, from the CPU's features) is cpu_gemm.cpp, cpu_attention.cp
 cpu_kernels.h declares what each instruction set's unit provides.
 
 The build compiles only the units this CPU can run (chosen_sources, from /proc/cpuinfo's flags; a stand-in
-for each other one) and says what it builds and roughly how long before it starts (1-2 minutes on 2 idle
-cores; `make demo` and `make test` run it at installation through `build_now()`). It goes to
+for each other one) and says what it builds and roughly how long before it starts (build_estimate: a
+build takes minutes, so it should not surprise a first start; `make demo` and `make test` run it at
+installation through `build_now()`; timings: bench/results/cpu_kernel_build.md). It goes to
 `$BYZANTIUM_CACHE/ext/cpu-<sources>-<environment>[-<units>]` (default ~/.cache/byzantium/ext): one directory
 per kernel sources built, torch version and Python environment, since two environments compile with
 different include paths; a build that leaves units out names the ones it has. Later processes load the built library in well under

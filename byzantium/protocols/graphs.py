@@ -19,11 +19,11 @@ import numpy as np
 
 # Exact search is O(n 2^n) in numpy; past this size `method="auto"` switches to the MILP.
 EXACT_MAX_NODES = 20
-# certify() runs the MILP up to this size and gives the proven lower_bound beyond. Measured with the
-# MILP's cuts on 2 shared CPU cores (load ~6): MERG n=31/51/101 0.8/1.5/8.2 s, preferential (r=0.4n)
-# 0.8/1.7/3.8 s, an Erdos-Renyi sample (r=0.4n) 4 s at n=31, 61 s at n=51, unsolved after 120 s at
-# n=101. A size rule, not a time limit, so that the same graph always gets the same certificate (and
-# the same --f auto); MERG and preferential graphs have proofs (experiments/sac.certificate).
+# certify() runs the MILP up to this size and gives the proven lower_bound beyond: past it, random
+# (Erdos-Renyi) graphs can take the solver minutes or go unsolved, while MERG and preferential graphs
+# stay quick (timings: bench/results/code_notes.md). A size rule, not a time limit, so that the same
+# graph always gets the same certificate (and the same --f auto); MERG and preferential graphs have
+# proofs (experiments/sac.certificate).
 MILP_MAX_NODES = 40
 
 
@@ -289,7 +289,7 @@ def _milp(G):
     (L b)_i is |N(i) minus S| for i in S and <= 0 outside S, so max_i (L b)_i = reach(S). Hence
         min t  s.t.  L b1 <= t,  L b2 <= t,  b1 + b2 <= 1,  1'b1 >= 1,  1'b2 >= 1,  b binary
     equals min over pairs of max(reach(S1), reach(S2)), i.e. the robustness. Three cuts that keep that
-    optimum and make the solver's work far smaller (an Erdos-Renyi graph on 31 nodes: 49 s -> 3 s):
+    optimum and make the solver's work far smaller (bench/results/code_notes.md):
     |S1| <= |S2| (swapping the sets changes nothing), t >= lower_bound(G) (undirected graphs), and
     t <= the smallest in-degree (S1 = that node, S2 = the rest)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
