@@ -101,8 +101,7 @@ def load_weights(model, named_tensors, names=WeightNames()):
     """Copy checkpoint tensors into `model`'s parameters (fused q/k/v and gate/up, stacked experts), each
     tensor-parallel rank its slice (copy_weight), FP8 ones quantized as they are read; check that none is
     missing, unknown or mis-shaped. The model has `arch` (for messages) and `tie_word_embeddings`; a tied
-    head that the checkpoint ships different from the embedding is untied (layers/lm_head.py)."""
-    from .layers.lm_head import untie_if_different
+    head that the checkpoint ships different from the embedding is untied (untie_if_different)."""
     params = dict(model.named_parameters())
     loaded, head = set(), None
     for ckpt_name, tensor in named_tensors:
@@ -214,3 +213,13 @@ def _piece(model, target, param, part):
     else:  # gate_up_proj: [gate; up]
         sizes = [param.shape[0] // 2] * 2
     return param.narrow(0, sum(sizes[:part]), sizes[part])
+
+
+def untie_if_different(model, head):
+    """A config that ties the head, with a checkpoint that ships one (`head`, whole) different from the
+    embedding (Mistral 3's outer config defaults to tied): the head is the model's own."""
+    embed = model.model.embed_tokens.weight
+    head = rank_slice(head, parallel.VOCAB, embed.shape).to(embed.device, embed.dtype)
+    if not torch.equal(head, embed):
+        model.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
+        model.tie_word_embeddings = False

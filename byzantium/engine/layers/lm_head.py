@@ -1,7 +1,7 @@
 """The LM head: vocab-parallel, tied to the embedding when the config says so, untied again when the
-checkpoint ships a head that differs from the embedding (as transformers does). The model holds it as
+checkpoint ships a head that differs from the embedding (as transformers does; weights.py unties it at
+load). The model holds it as
 `lm_head` beside `model.embed_tokens`, the names the checkpoints use."""
-import torch
 from torch import nn
 
 from . import parallel
@@ -20,13 +20,3 @@ def retie(model):
     if model.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
 
-
-def untie_if_different(model, head):
-    """A config that ties the head, with a checkpoint that ships one (`head`, whole) different from the
-    embedding (Mistral 3's outer config defaults to tied): the head is the model's own."""
-    from ..weights import rank_slice
-    embed = model.model.embed_tokens.weight
-    head = rank_slice(head, parallel.VOCAB, embed.shape).to(embed.device, embed.dtype)
-    if not torch.equal(head, embed):
-        model.lm_head.weight = nn.Parameter(head, requires_grad=False)
-        model.tie_word_embeddings = False
