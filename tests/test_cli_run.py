@@ -152,7 +152,7 @@ def test_allow_identical_lifts_the_refusal(smollm2_dir, no_loading, tmp_path, ca
 
 
 def test_demo_summary_says_what_the_numbers_show(smollm2_dir, tmp_path):
-    from byzantium.experiments.demo import run_demo, verdict
+    from byzantium.experiments.demo import cell_name, run_demo, verdict
     from byzantium.protocols.metrics.rr import config_label, sweep_table
     acc = {("d", "maj", 0): 0.9, ("d", "rrmaj", 0): 0.9, ("d", "maj", 1): 0.5, ("d", "rrmaj", 1): 0.7,
            ("d", "maj", 2): 0.4, ("d", "rrmaj", 2): 0.3, ("d", "maj", 3): 0.1}
@@ -166,9 +166,9 @@ def test_demo_summary_says_what_the_numbers_show(smollm2_dir, tmp_path):
     summary = (out / "summary.md").read_text()
     assert result["verdict"] == verdict(result["table"], 2) and result["verdict"] in summary
     assert "temperature 0.7" in summary and "speaking order shuffle" in summary
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    for c in (0, 3):  # the distinct counts in the summary are those of the transcripts
-        rr = [r for r in records if r["method"] == "rrmaj" and r["c"] == c]
+    for c in (0, 3):  # the distinct counts in the summary are those of the transcripts (one directory per cell)
+        rr = [json.loads(line) for line in (out / cell_name("rrmaj", c, 5) / "results.jsonl").read_text().splitlines()]
+        assert len(rr) == 2
         assert result["distinct"][("rrmaj", c)] == sum(len({t["text"] for t in r["trajectories"]}) for r in rr) / 2
         assert f"{config_label(c, 5)} {result['distinct'][('rrmaj', c)]:.1f}" in summary
         assert all(len({tuple(t["order"]) for t in r["trajectories"]}) > 1 for r in rr)  # each its own order
