@@ -9,6 +9,7 @@ which head sizes it takes. "auto" takes the fastest backend that can run the mod
 the compiled kernels on the CPU, the torch reference where neither can; an explicit request that
 cannot run the model is refused, naming what is missing.
 """
+import os
 from dataclasses import dataclass
 
 import torch
@@ -105,7 +106,8 @@ def choose_attention_backend(requested="auto", device="cpu", dtype=torch.float32
 def _missing(name, device, dtype, kv, features):
     """Why backend `name` cannot run this model here ("" when it can)."""
     cap = CAPABILITIES[name]
-    if cap.devices and device.type not in cap.devices:
+    interpreted = name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    if cap.devices and device.type not in cap.devices and not interpreted:  # the interpreter runs CPU tensors
         return f"{name} runs on {', '.join(cap.devices)}, not {device.type}"
     if kv not in cap.kv_dtypes:
         return f"{name} does not read a {_dtype(kv)} KV cache"
