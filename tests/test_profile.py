@@ -72,7 +72,7 @@ def test_round_robin_decode_rate_agrees_with_pure_decode_at_the_same_batch_sizes
     # No speculation: drafts would add rows to some decode steps and end trajectories in different steps.
     llm = load_llm(smollm2_dir, backend="native", num_blocks=512, profile=True, num_speculative_tokens=0)
     engine = llm.engine.engine
-    engine.eos_token_ids = set()  # every trajectory runs to L: the same workload in every round
+    engine.eos_token_ids.clear()  # every trajectory runs to L (the set the append loop reads): the same workload every round
     tasks = get_task("gen-arith", 2 * g, seed=0)
     prompts = [llm.render_chat(agent_messages(t)) for t in tasks]
 
