@@ -49,16 +49,6 @@ def kv_cache_dtype(kv_cache_dtype, dtype):
     return FP8_KV if kv_cache_dtype == "fp8" else dtype
 
 
-def kv_attention_backend(backend, kv_dtype, dtype, device):
-    """The old name, kept until engine.py calls choose_attention_backend itself: the backend that reads a
-    pool of `kv_dtype` for a model of `dtype` ("auto" stays "auto" for the runner to choose with the
-    model's features where the pool is not FP8)."""
-    from .attention_backend import choose_attention_backend
-    if backend == "auto" and kv_dtype != FP8_KV:
-        return "auto"
-    return choose_attention_backend(backend, device, dtype, kv_dtype).name
-
-
 class BlockManager:
     def __init__(self, num_blocks, block_size):
         self.num_blocks, self.block_size = num_blocks, block_size

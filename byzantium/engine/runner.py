@@ -16,7 +16,6 @@ import torch
 
 from ..kernels import attention_ops
 from . import prompt_logprobs
-from .attention_backend import ModelFeatures, choose_attention_backend
 from .cuda_graphs import DecodeGraphs, FixedSplits
 
 
@@ -135,32 +134,39 @@ class StepBuffers:
         return out
 
 
+def eager_reason(config, ops, cuda_graphs):
+    """Why a CUDA runner's single-token steps run eagerly, or None when they replay CUDA graphs. The engine
+    asks for no graphs under enforce_eager and under tensor parallelism (they would capture the collectives)."""
+    if config.enforce_eager:
+        return "eager (enforce_eager)"
+    if not cuda_graphs:
+        return "eager (tensor parallelism)"
+    if not ops.__name__.endswith("triton_ops"):
+        return "eager (CUDA graphs need attention_backend='triton')"
+    return None
+
+
 class ModelRunner:
-    def __init__(self, model, kv_cache, block_size, device, attention_backend="auto", *, max_num_seqs=None,
-                 max_batch_tokens=None, max_model_len=None, cuda_graphs=False):
-        """On CUDA, with the sizes given (the engine's limits), steps are staged in StepBuffers; with
+    def __init__(self, model, kv_cache, config, cuda_graphs=False):
+        """config: the engine's resolved EngineConfig (config.resolve, fit_to_model, and the attention backend
+        the engine chose: a backend's name, never "auto"). The runner runs where its pool is (a tensor-parallel
+        rank's own device). On CUDA, steps are staged in StepBuffers sized by the config's limits; with
         cuda_graphs too (and the Triton backend), single-token steps replay CUDA graphs."""
-        self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, block_size, torch.device(device)
-        if attention_backend == "auto":  # until engine.py hands over its choose_attention_backend choice
-            attention_backend = choose_attention_backend(
-                "auto", self.device, model.model.embed_tokens.weight.dtype, kv_cache.dtype,
-                features=ModelFeatures.of(model)).name
-        self.ops = attention_ops(attention_backend)  # the backend chosen: no choosing here
+        self.model, self.kv_cache, self.block_size, self.device = model, kv_cache, config.block_size, kv_cache.device
+        self.ops = attention_ops(config.attention_backend)  # the engine's choice, looked up: no choosing here
         self.buffers = self.graphs = None
         self.peers = None  # tensor parallelism: the other ranks (tensor_parallel.Peers), told every step
         if self.device.type != "cuda":
             self.graphs_off = f"eager ({self.device.type})"
-        elif not (max_num_seqs and max_batch_tokens and max_model_len):
-            self.graphs_off = "eager (the runner was given no size limits)"
         else:
-            triton = self.ops.__name__.endswith("triton_ops")
-            self.graphs_off = ("eager (enforce_eager)" if not cuda_graphs else None if triton else
-                               "eager (CUDA graphs need attention_backend='triton')")
-            self.stage(max_num_seqs, max_batch_tokens, max_model_len, cuda_graphs=self.graphs_off is None)
+            self.graphs_off = eager_reason(config, self.ops, cuda_graphs)
+            self.stage(config.max_num_seqs, config.max_batch_tokens, config.max_model_len,
+                       cuda_graphs=self.graphs_off is None)
 
     def stage(self, max_num_seqs, max_batch_tokens, max_model_len, cuda_graphs, pin=True):
         """Build steps in StepBuffers, and with cuda_graphs replay single-token steps as CUDA graphs: what
-        __init__ sets up on CUDA (tests set it up on the CPU, unpinned, with a stand-in for capture)."""
+        __init__ sets up on CUDA with the config's limits (tests set it up on the CPU, unpinned, with a
+        stand-in for capture)."""
         max_blocks = -(-max_model_len // self.block_size)
         self.buffers = StepBuffers(max(max_batch_tokens, max_num_seqs), max_num_seqs, max_blocks, self.device, pin)
         if cuda_graphs:
