@@ -5,7 +5,8 @@ function that adds its flags, the function that runs it), and `byzantium run`'s 
 too. cli.py lists the commands as `Listed` (name, help, owning module) and imports a module only for the
 command that runs, so that `byzantium --help` and a misspelled flag cost no torch; the sweep builds the
 `run` parser from the same Commands (experiments/run_command.py) without going through the CLI. A run
-method's Command also says which of its flags a sweep may vary (`sweep_keys`, read by sweep/cells.py).
+method's Command also tells the sweep which of its flags a file may vary (`sweep_keys`), which settings
+every cell shows (`sweep_shown`) and how many tokens a cell generates (`sweep_tokens`).
 
 Below the registry: the flags that name a run's questions (`task_args`) and the helpers the run
 commands share (loading the questions, skipping a finished run, the pool a run loads its models in).
@@ -25,7 +26,11 @@ class Command:
     help: str
     add_args: Callable  # add_args(parser): the command's flags (and sub-commands)
     func: Callable | None = None  # func(args) -> exit code or None; None: its sub-commands set their own
-    sweep_keys: tuple = ()  # the dests of the flags an experiment file may set (run methods; sweep/cells.py)
+    # A run method's word to `byzantium sweep`, so that the sweep names no method (sweep/cells.py,
+    # cell_checks.py, dry_run.py); a cell's default task is its --task flag's default (else gen-arith).
+    sweep_keys: tuple = ()  # the dests of the flags an experiment file may set
+    sweep_shown: Callable | None = None  # sweep_shown(args) -> {dest: value}: what every cell's params show
+    sweep_tokens: Callable | None = None  # sweep_tokens(params) -> tokens a problem generates, an upper bound
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,24 @@ RESILIENCE_KEYS = ("system", "task", "data", "fault", "pm", "pe", "error_type", 
                    "limit", "seed", "rounds", "max_tokens", "fault_max_tokens", "inspector_max_tokens",
                    "inspector_json", "concurrency")
 
+
+def sweep_shown(args):
+    """What every sweep cell's params show (its parsed flags), so that a file's `published` entries and
+    the report match a cell whether or not the file set them; max_tokens only when set (unset: the
+    agents' own limit)."""
+    shown = {key: getattr(args, key) for key in ("system", "fault", "defense", "seed", "limit")}
+    return shown | ({} if args.max_tokens is None else {"max_tokens": args.max_tokens})
+
+
+def sweep_tokens(params):
+    """Tokens a problem generates, an upper bound: the system's agent turns x max_tokens (the fault
+    writer's and the inspector's calls not counted)."""
+    system = make_system(params.get("system"), params.get("faulty_role"), params.get("rounds"))
+    return sum(len(step) for step in system.steps) * (params.get("max_tokens") or AGENT_PARAMS.max_tokens)
+
+
 RUN_METHODS = [
     Command("resilience", "a collaboration structure (linear/flat/hierarchical) with a faulty agent and defences",
-            add_resilience_args, cmd_resilience, sweep_keys=RESILIENCE_KEYS),
+            add_resilience_args, cmd_resilience, sweep_keys=RESILIENCE_KEYS, sweep_shown=sweep_shown,
+            sweep_tokens=sweep_tokens),
 ]

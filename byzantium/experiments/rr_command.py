@@ -105,11 +105,34 @@ MAJ_KEYS = ("agents", "corrupt", "max_len", "attack", "order", "model", "models"
             "concurrency") + TASK_KEYS
 RR_KEYS = MAJ_KEYS + ("chunk", "attack_mode", "candidates")
 
+
+def sweep_shown(method, args):
+    """What every sweep cell's params show (its parsed flags, defaults filled as the run fills them), so
+    that a file's `published` entries and the report match a cell whether or not the file set them."""
+    shown = {"agents": args.agents, "corrupt": args.corrupt}
+    if method != "maj":  # MAJ has no turns
+        shown["chunk"] = args.chunk
+    if method == "rrmaj":
+        shown["trajectories"] = args.agents if args.trajectories is None else args.trajectories  # M = N
+    return shown | {key: getattr(args, key) for key in ("max_len", "attack", "temperature", "seed", "limit")}
+
+
+def sweep_tokens(method, params):
+    """Tokens a problem generates, an upper bound (every answer runs to L): MAJ N x L, RR L (one shared
+    answer), RRMaj M x L."""
+    answers = {"maj": params.get("agents", 5), "rr": 1,
+               "rrmaj": params.get("trajectories") or params.get("agents", 5)}[method]
+    return answers * params.get("max_len", 512)
+
+
 RUN_METHODS = [
     Command("maj", "majority vote of N independent answers (\"The Consensus Trap\")",
-            partial(run_args, method="maj"), cmd_run, sweep_keys=MAJ_KEYS),
+            partial(run_args, method="maj"), cmd_run, sweep_keys=MAJ_KEYS,
+            sweep_shown=partial(sweep_shown, "maj"), sweep_tokens=partial(sweep_tokens, "maj")),
     Command("rr", "token-level round-robin: N agents write one answer, K tokens a turn",
-            partial(run_args, method="rr"), cmd_run, sweep_keys=RR_KEYS),
+            partial(run_args, method="rr"), cmd_run, sweep_keys=RR_KEYS,
+            sweep_shown=partial(sweep_shown, "rr"), sweep_tokens=partial(sweep_tokens, "rr")),
     Command("rrmaj", "M round-robin trajectories and a plurality vote over them",
-            partial(run_args, method="rrmaj"), cmd_run, sweep_keys=RR_KEYS + ("trajectories",)),
+            partial(run_args, method="rrmaj"), cmd_run, sweep_keys=RR_KEYS + ("trajectories",),
+            sweep_shown=partial(sweep_shown, "rrmaj"), sweep_tokens=partial(sweep_tokens, "rrmaj")),
 ]

@@ -167,9 +167,39 @@ SAC_KEYS = ("agents", "weak", "byzantine", "adversary", "F", "robustness", "roun
             "weak_model", "adversary_model", "score_mode", "max_tokens", "temperature", "judge_max_tokens",
             "concurrency") + TASK_KEYS
 
+
+def sweep_shown(protocol, args):
+    """What every sweep cell's params show (its parsed flags, defaults filled as the run fills them), so
+    that a file's `published` entries and the report match a cell whether or not the file set them."""
+    shown = {key: getattr(args, key) for key in ("agents", "weak", "byzantine", "adversary", "F", "rounds")}
+    shown |= {"topology": "merg" if args.topology is None else args.topology, "max_tokens": args.max_tokens}
+    if protocol == "sac":  # CP-WBFT's agents do not score
+        shown |= {"judge_max_tokens": args.judge_max_tokens, "score_mode": args.score_mode}
+    return shown | {key: getattr(args, key) for key in ("temperature", "seed", "limit")}
+
+
+def sweep_tokens(protocol, params):
+    """Tokens a problem generates, an upper bound (every call runs to its limit): n solves and self-scores,
+    then T rounds of a refine and a judgement of each neighbour and itself per agent (CP-WBFT: no judge,
+    and logprob scoring generates none)."""
+    n, rounds, solve = params.get("agents", 7), params.get("rounds", 6), params.get("max_tokens") or 1000
+    judges = protocol == "sac" and params.get("score_mode") == "generate"
+    judge = params.get("judge_max_tokens", 1000) if judges else 0
+    try:
+        from .sac import check_config
+        graph = check_config(protocol, n, params.get("weak", 2), params.get("byzantine", 1), params.get("adversary"),
+                             params.get("F", 3), rounds, params.get("topology") or "merg", params.get("seed", 0))
+        neighbours = sum(graph.degree(i) for i in graph.nodes)
+    except Exception:  # a graph that cannot be built here: every agent judges every other one
+        neighbours = n * (n - 1)
+    return n * (solve + judge) + rounds * (n * (solve + judge) + neighbours * judge)
+
+
 RUN_METHODS = [
     Command("sac", "Self-Anchored Consensus on an (F+1)-robust graph with Byzantine agents",
-            partial(sac_args, protocol="sac"), cmd_run_sac, sweep_keys=SAC_KEYS + ("logprob_kind", "ra_ties")),
+            partial(sac_args, protocol="sac"), cmd_run_sac, sweep_keys=SAC_KEYS + ("logprob_kind", "ra_ties"),
+            sweep_shown=partial(sweep_shown, "sac"), sweep_tokens=partial(sweep_tokens, "sac")),
     Command("cpwbft", "the CP-WBFT baseline (confidence-weighted local updates)",
-            partial(sac_args, protocol="cpwbft"), cmd_run_sac, sweep_keys=SAC_KEYS + ("all_rounds",)),
+            partial(sac_args, protocol="cpwbft"), cmd_run_sac, sweep_keys=SAC_KEYS + ("all_rounds",),
+            sweep_shown=partial(sweep_shown, "cpwbft"), sweep_tokens=partial(sweep_tokens, "cpwbft")),
 ]
