@@ -11,18 +11,7 @@ from ..experiments.resilience import make_system
 from ..experiments.run_command import run_parser
 from ..tasks import FORMATS, HUB, TASKS
 from ..tasks.resilience import BUILTIN_TASKS, DATA_FILES
-from .cells import KEYS, RES, RR, SAC, ConfigError
-
-# The settings every cell's params show (with the parser's defaults), so that `published` entries and
-# the report can match them whether or not the file spelled them out.
-SHOWN = {"maj": ("agents", "corrupt", "max_len", "attack", "temperature", "seed", "limit"),
-         "rr": ("agents", "corrupt", "chunk", "max_len", "attack", "temperature", "seed", "limit"),
-         "rrmaj": ("agents", "corrupt", "chunk", "trajectories", "max_len", "attack", "temperature", "seed", "limit"),
-         "sac": ("agents", "weak", "byzantine", "adversary", "F", "rounds", "topology", "max_tokens",
-                 "judge_max_tokens", "score_mode", "temperature", "seed", "limit"),
-         "cpwbft": ("agents", "weak", "byzantine", "adversary", "F", "rounds", "topology", "max_tokens",
-                    "temperature", "seed", "limit"),
-         "resilience": ("system", "fault", "defence", "seed", "limit", "max_tokens")}
+from .cells import COMMANDS, KEYS, RES, SAC, SPELLING, ConfigError
 
 
 @functools.cache
@@ -45,18 +34,10 @@ def parse_cell(cell, where, extra=()):
         _static_checks(cell.method, args)
     except ValueError as error:
         raise ConfigError(_blame(cell, where, str(error))) from None
-    for key in SHOWN[cell.method]:
-        if key not in cell.params:
-            value = getattr(args, {"defence": "defense"}.get(key, key), None)
-            if key == "trajectories" and value is None:
-                value = args.agents  # RRMaj's default M = N
-            if key == "topology" and value is None:
-                value = "merg"
-            if key == "max_tokens" and value is None:
-                continue
-            cell.params[key] = value
-    if cell.method in RR and cell.params.get("corrupted"):
-        cell.params["pattern"] = f"{cell.params['corrupt']}c{cell.params['agents'] - cell.params['corrupt']}t"
+    # The settings every cell's params show, defaults filled as its method's run fills them, so that
+    # `published` entries and the report match them whether or not the file spelled them out.
+    for dest, value in COMMANDS[cell.method].sweep_shown(args).items():
+        cell.params.setdefault(SPELLING.get(dest, dest), value)
     return args
 
 

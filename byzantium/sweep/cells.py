@@ -3,8 +3,8 @@ settings makes (its argv, the models it loads, a directory name from what varies
 
 A key is a flag of `byzantium run <method>` that the method's Command declares a sweep may vary
 (`sweep_keys`, next to its flags in experiments/*_command.py): its flag, its type and the methods that
-have it are read from there, not listed here again. The sweep's own keys (pattern, corrupted, budget,
-method) are below."""
+have it are read from there, not listed here again; so is a method's default task (its --task default).
+The sweep's own keys (pattern, corrupted, budget, method) are below."""
 import argparse
 import hashlib
 import re
@@ -19,16 +19,26 @@ from ..experiments.run_command import RUN_METHODS
 RR, SAC, RES = ({command.name for command in module.RUN_METHODS}
                 for module in (rr_command, sac_command, resilience_command))
 METHODS = tuple(command.name for command in RUN_METHODS)
+COMMANDS = {command.name: command for command in RUN_METHODS}  # what each method tells the sweep
 SPELLING = {"defense": "defence"}  # a flag's dest -> its key where the files spell it otherwise
+
+
+def _parser(command):
+    ap = argparse.ArgumentParser()
+    command.add_args(ap)
+    return ap
+
+
+PARSERS = {command.name: _parser(command) for command in RUN_METHODS}
+# The task a cell without one runs: its --task flag's default, else load_questions' (commands.py).
+DEFAULT_TASK = {name: ap.get_default("task") or "gen-arith" for name, ap in PARSERS.items()}
 
 
 def _declared_flags():
     """key -> (its argparse action, the methods that declare it), from each run method's parser."""
     declared = {}
     for command in RUN_METHODS:
-        ap = argparse.ArgumentParser()
-        command.add_args(ap)
-        actions = {action.dest: action for action in ap._actions}
+        actions = {action.dest: action for action in PARSERS[command.name]._actions}
         for dest in command.sweep_keys:
             action, methods = declared.setdefault(SPELLING.get(dest, dest), (actions[dest], set()))
             if action.option_strings != actions[dest].option_strings:

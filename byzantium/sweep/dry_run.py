@@ -11,7 +11,7 @@ from pathlib import Path
 from ..experiments.report_cells import short_model
 from ..plan.facts import model_facts
 from ..plan.fit import DEFAULT_SEQS, GIB, H200_GB, H200_GIB, option, plan_model, tp_sizes
-from .cells import ENGINE_KEYS, model_engine
+from .cells import COMMANDS, DEFAULT_TASK, ENGINE_KEYS, model_engine
 from .needs import cell_problem, hub_note, local_model, model_context, needed_len, serving
 
 DEVICE_MEMORY_GB = H200_GB  # one H200 as CUDA reports it (139.8 GiB), with no GPU here to ask
@@ -61,7 +61,7 @@ def cell_problems(cell):
     if data is not None:
         n = _records(data)
         return None if n is None else min([n] + caps)
-    task = _arg(cell, "--task") or ("gen-code" if cell.method == "resilience" else "gen-arith")
+    task = _arg(cell, "--task") or DEFAULT_TASK[cell.method]
     if task in TASKS or task in BUILTIN_TASKS or task.startswith("gen-"):
         return limit or 100
     return min(caps) if caps else None
@@ -77,28 +77,9 @@ def _records(path):
 
 
 def cell_tokens(cell):
-    """Generated tokens per problem, an upper bound (every answer runs to its length limit): MAJ N x L,
-    RR L (one shared answer), RRMaj M x L; SAC n solves and self-scores, then T rounds of a refine and a
-    judgement of each neighbour and itself per agent (CP-WBFT: no judge, and logprob scoring generates
-    none); resilience: its agents' turns x max_tokens (the fault writer's and inspector's calls not counted)."""
-    p = cell.params
-    if cell.method in ("maj", "rr", "rrmaj"):
-        answers = {"maj": p.get("agents", 5), "rr": 1, "rrmaj": p.get("trajectories") or p.get("agents", 5)}
-        return answers[cell.method] * p.get("max_len", 512)
-    if cell.method in ("sac", "cpwbft"):
-        n, rounds, solve = p.get("agents", 7), p.get("rounds", 6), p.get("max_tokens") or 1000
-        judge = p.get("judge_max_tokens", 1000) if cell.method == "sac" and p.get("score_mode") == "generate" else 0
-        try:
-            from ..experiments.sac import check_config
-            graph = check_config(cell.method, n, p.get("weak", 2), p.get("byzantine", 1), p.get("adversary"),
-                                 p.get("F", 3), rounds, p.get("topology") or "merg", p.get("seed", 0))
-            neighbours = sum(graph.degree(i) for i in graph.nodes)
-        except Exception:  # a graph that cannot be built here: every agent judges every other one
-            neighbours = n * (n - 1)
-        return n * (solve + judge) + rounds * (n * (solve + judge) + neighbours * judge)
-    from ..experiments.resilience import AGENT_PARAMS, make_system
-    system = make_system(p.get("system"), p.get("faulty_role"), p.get("rounds"))
-    return sum(len(step) for step in system.steps) * (p.get("max_tokens") or AGENT_PARAMS.max_tokens)
+    """Generated tokens per problem, an upper bound (every answer runs to its length limit), as the
+    cell's method counts them (its Command's sweep_tokens)."""
+    return COMMANDS[cell.method].sweep_tokens(cell.params)
 
 
 def model_params(name):
