@@ -1,4 +1,4 @@
-"""json_schema_closing: the shortest text that completes a prefix of JSON into a value a schema accepts,
+"""engine/json_schema: the shortest text that completes a prefix of JSON into a value a schema accepts,
 checked with jsonschema on every prefix of random instances of schemas written as the grammar writes them;
 and strict_schema: objects take only the properties they name unless they say otherwise."""
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from byzantium.engine.sampling.strict_schema import strict
 from byzantium.engine.json_closing import JsonPrefix
-from byzantium.engine.json_schema_closing import closing, members, minimal
+from byzantium.engine.json_schema import closing, members, minimal
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -149,10 +149,60 @@ def test_strict_closes_objects_that_say_nothing_of_other_properties():
 
 def test_an_untrusted_pattern_cannot_stall_the_closing():
     """Patterns come from requests and strings from the model: a pattern that could backtrack without end
-    (a repeat inside a repeat; Python's re takes ~2^40 steps on this one), a huge repeat or a long string
-    is not ended here (None: nothing is forced)."""
-    from byzantium.engine.json_schema_closing import pattern_examples, simple, string_ending
-    assert not simple("^(a+)+$") and string_ending("a" * 40 + "!", {"pattern": "^(a+)+$"}) is None
-    assert pattern_examples("a{100000}") == [] and string_ending("", {"pattern": "^a{100000}$"}) is None
+    (a repeat inside a repeat; Python's re takes ~2^40 steps on this one) is run through an automaton,
+    which never backtracks; a huge repeat or a long string is not ended here (None: nothing is forced)."""
+    from byzantium.engine.json_schema.strings import pattern_automaton, string_ending
+    assert string_ending("a" * 40 + "!", {"pattern": "^(a+)+$"}) is None
+    assert string_ending("a" * 40, {"pattern": "^(a+)+$"}) == ""
+    assert pattern_automaton("a{100000}") is None and string_ending("", {"pattern": "^a{100000}$"}) is None
     assert string_ending("A" * 80, {"pattern": "^[A-Z]+$"}) is None
-    assert simple("^[A-Z]{2}[0-9]{2}$") and string_ending("AB1", {"pattern": "^[A-Z]{2}[0-9]{2}$"}) == "0"
+    assert string_ending("AB1", {"pattern": "^[A-Z]{2}[0-9]{2}$"}) == "0"
+
+
+PATTERNS = [("^[A-Z]{2}-[0-9]{3}$", 0, ["AB-123", "ZZ-000"]),
+            ("^(x|[a-z]+-[0-9]+)$", 0, ["x", "abc-42"]),
+            ("^(ab|cde)+$", 7, ["ababcde", "cdecdecde"]),  # the shortest ending reaches minLength
+            ("^[a-z]+$", 5, ["hello", "abcdefgh"]),
+            (r'^a"b\\c[0-9]*\n?$', 0, ['a"b\\c', 'a"b\\c12\n']),  # a quote, a backslash, a control character
+            (r"^\d{4}-\d{2}(-\d{2})?$", 0, ["2024-02", "2024-02-29"]),
+            ("^caf\u00e9 [^ ]+$", 0, ["caf\u00e9 \U0001F600"])]
+
+
+@pytest.mark.parametrize("pattern, least, values", PATTERNS)
+def test_a_pattern_string_closes_to_a_match_from_every_prefix(pattern, least, values):
+    """A property with a pattern (and a minLength), cut anywhere in its instances as the grammar writes
+    them: the closing completes it into a string the pattern matches (re.fullmatch), escaped as JSON."""
+    import re
+    schema = strict({"type": "object", "properties": {"k": {"type": "string", "pattern": pattern,
+                                                            "minLength": least}}, "required": ["k"]})
+    for value in values:
+        text = json.dumps({"k": value}, ensure_ascii=False)
+        for cut in range(len(text) + 1):
+            prefix = JsonPrefix()
+            prefix.feed(text[:cut])
+            rest = closing(prefix, schema)
+            assert rest is not None, text[:cut]
+            string = json.loads(text[:cut] + rest)["k"]
+            assert re.fullmatch(pattern, string) and len(string) >= least, (text[:cut], rest)
+            jsonschema.validate({"k": string}, schema)
+    shortest = json.loads(minimal(schema, schema))["k"]
+    assert re.fullmatch(pattern, shortest) and len(shortest) >= least
+    assert len(shortest) <= min(len(v) for v in values)  # no instance above is shorter
+
+
+def test_a_pattern_the_automaton_does_not_read_gets_no_closing_as_before():
+    """A pattern the automaton does not read (a back-reference, flags, look-around, \\b, \\p{..}) gives no
+    closing wherever the string is open: None, so nothing is forced, as a back-reference always gave."""
+    from byzantium.engine.json_schema.strings import pattern_automaton, string_ending
+    for pattern in [r"^(ab)\1$", r"(?i)^[a-z]+$", r"^(?=a)a+$", r"^\ba$", r"^\p{L}+$"]:
+        assert pattern_automaton(pattern) is None, pattern
+        schema = {"type": "object", "properties": {"k": {"type": "string", "pattern": pattern}}, "required": ["k"]}
+        for text in ['{"k": "', '{"k": "a', '{"k', "{"]:
+            prefix = JsonPrefix()
+            prefix.feed(text)
+            assert closing(prefix, schema) is None, (pattern, text)
+        assert string_ending("", schema["properties"]["k"]) is None
+        assert minimal(schema, schema) is None and '"k": ' in members(schema)
+        written = JsonPrefix()
+        written.feed('{"k": "ab"}')
+        assert closing(written, schema) == ""  # a whole value still needs nothing

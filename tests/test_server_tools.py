@@ -406,7 +406,7 @@ def test_the_serve_flag_names_a_parser():
 def least_call_tokens(tool):
     """Tokens of the shortest call to `tool` in the Hermes format (the closing's own reading of it)."""
     from byzantium.engine.json_closing import JsonPrefix
-    from byzantium.engine.json_schema_closing import closing
+    from byzantium.engine.json_schema import closing
     from byzantium.server.tools import call_schema
     least = closing(JsonPrefix(), call_schema([tool], "arguments"))
     return len(tokenizer_of_model().encode(f"<tool_call>\n{least}\n</tool_call>"))
@@ -511,7 +511,7 @@ def test_forced_calls_close_within_max_tokens_when_markers_are_tokens(qwen_tools
     """As test_forced_calls_close_within_max_tokens, on a model whose call markers are one special token
     each: the closing writes a marker as its token, and reads it back from the output."""
     from byzantium.engine.json_closing import JsonPrefix
-    from byzantium.engine.json_schema_closing import closing
+    from byzantium.engine.json_schema import closing
     from byzantium.server.tools import call_schema
     tok, client = qwen_tools
     assert len(tok.encode("<tool_call>", add_special_tokens=False)) == 1

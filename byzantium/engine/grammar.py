@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from .json_closing import JsonPrefix
-from .json_schema_closing import closing as schema_closing
-from .json_schema_closing import members
+from .json_schema import closing as schema_closing
+from .json_schema import members
 from .regex_closing import RegexCloser
 from .regex_closing import automaton as regex_automaton
 from .tool_call_closing import ToolCallCloser

@@ -16,8 +16,8 @@ token, and reads it back as its text (the tokenizer would split its text, and de
 import json
 
 from .json_closing import JsonPrefix
-from .json_schema_closing import closing as schema_closing
-from .json_schema_closing import members
+from .json_schema import closing as schema_closing
+from .json_schema import members
 
 COMMENT = "// byzantium tool calls: "  # a Lark comment: llguidance skips it
 DECODER = json.JSONDecoder()
