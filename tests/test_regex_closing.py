@@ -50,7 +50,8 @@ def test_every_byte_prefix_closes_into_a_match(regex, texts):
 
 
 def test_syntax_it_does_not_read_gets_no_closing():
-    for regex in [r"(?i)abc", r"\bword", r"(?=a)a", r"\p{L}+", r"[[:alpha:]]", r"(a)\1", r"a{1,100000}"]:
+    for regex in [r"(?i)abc", r"\bword", r"(?=a)a", r"\p{L}+", r"[[:alpha:]]", r"(a)\1", r"a{1,100000}",
+                  r"\x{41", r"a\u{1F600"]:  # an unclosed \x{ or \u{: refused, not read again from the start
         assert automaton(regex) is None, regex
     assert automaton(r"a|b") is not None
 

@@ -194,6 +194,8 @@ class Reader:
     def hex_code(self, kind):
         if self.peek() == "{":
             end = self.text.find("}", self.pos)
+            if end < 0:
+                raise Unsupported(f"an unclosed \\{kind}{{")
             digits, self.pos = self.text[self.pos + 1:end], end + 1
         else:
             width = 2 if kind == "x" else 4
