@@ -9,8 +9,12 @@ under `byzantium:`), GET /v1/models and /v1/models/{id}, POST /v1/completions, P
 and our own /v1/sessions (open, append, continue, close), which keep an agent's context in the KV cache
 between turns so that round-robin over HTTP prefills only the new tokens.
 
+The package's names (build_app, ServerThread, ...) are imported on first use (PEP 562), not with the
+package, so that `byzantium serve --help` reads args.py without FastAPI, uvicorn or torch.
+
 The files, each importing only those below it:
-    app.py        build_app, ServerThread, serve and the `byzantium serve` command
+    app.py        build_app, ServerThread, serve and the `byzantium serve` command's run
+    args.py       the `byzantium serve` command's flags (light: no FastAPI, uvicorn or torch)
     routes/       one FastAPI router a topic (admin, models, completions, chat, sessions), thin handlers
                   over the Server; the error handlers
     streaming.py  streamed choices as server-sent events
@@ -21,7 +25,28 @@ The files, each importing only those below it:
     responses.py  ids, finish reasons, logprobs, text deltas, events
     schemas.py    request bodies, their sampling params, the error shape
 """
-from .app import ServerThread, add_serve_args, build_app, cmd_serve, serve
-from .schemas import APIError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
+    from .app import ServerThread, build_app, cmd_serve, serve
+    from .args import add_serve_args
+    from .schemas import APIError
+
+# name -> the module that defines it
+_PUBLIC = {"APIError": ".schemas", "ServerThread": ".app", "add_serve_args": ".args", "build_app": ".app",
+           "cmd_serve": ".app", "serve": ".app"}
 
 __all__ = ["APIError", "ServerThread", "add_serve_args", "build_app", "cmd_serve", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

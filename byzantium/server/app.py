@@ -1,5 +1,5 @@
 """Building the server's app, running it (ServerThread: uvicorn in a thread; serve: until interrupted),
-and the `byzantium serve` command's flags.
+and the `byzantium serve` command's run (its flags are in args.py, which loads none of this).
 
 Shutting down (Ctrl+C, SIGTERM, ServerThread's exit): the listening socket closes and new requests get
 503; requests in flight have the shutdown timeout to end, then each gets a 503 `server_shutting_down`
@@ -13,12 +13,12 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from ..backends import LLMPool, add_model_split_args, check_model, split_kwargs
+from ..backends import LLMPool, check_model, split_kwargs
 from ..engine.config import resolve_device
 from ..engine.memory import DEFAULT_CPU_KV_GIB
+from .args import add_serve_args  # noqa: F401  (the flags cmd_serve reads, importable from here as before)
 from .routes import add_routes
 from .state import Server
-from .tool_parsers import PARSERS
 
 
 def build_app(llms, api_key=None, max_waiting=512, max_body_bytes=8 << 20, max_sessions=1024,
@@ -81,34 +81,6 @@ class ServerThread:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=self.join_s)
-
-
-def add_serve_args(ap):
-    ap.add_argument("--model", action="append", default=None,
-                    help="a model to serve, under this name (repeat for several; default smollm2-135m)")
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16")
-    ap.add_argument("--max-num-seqs", type=int, default=256, help="sequences one engine step may batch (default 256)")
-    ap.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                    help="prompt-lookup draft tokens a request may take a step (default 4 on CPU, 0 = off on CUDA)")
-    add_model_split_args(ap)
-    ap.add_argument("--max-waiting", type=int, default=512,
-                    help="requests a model may have waiting for a place in the batch; more get 429 (default 512)")
-    ap.add_argument("--max-body-mb", type=float, default=8, help="largest request body in MiB; larger get 413 (default 8)")
-    ap.add_argument("--max-sessions", type=int, default=1024, help="open /v1/sessions at most (default 1024)")
-    ap.add_argument("--shutdown-timeout", type=float, default=30, metavar="S",
-                    help="on shutdown, seconds requests in flight get to end before each gets a 503 "
-                         "(server_shutting_down) and the process exits (default 30)")
-    ap.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
-                    help="the format tool calls are read in, for every model (default: the one each model's "
-                         "chat template uses: <tool_call> hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3_json)")
-    ap.add_argument("--chat-template", default=None, metavar="PATH",
-                    help="a Jinja chat template file that replaces every served model's own (e.g. one with a tool "
-                         "format); default: each model's own, and for the embedded model, with tools, the shipped "
-                         "Hermes-style one")
 
 
 def cmd_serve(args):
