@@ -64,9 +64,11 @@ TASK_KEYS = ("task", "data", "limit", "sample", "sample_seed", "seed")  # task_a
 
 
 def task_args(ap, default_limit):
+    from .tasks import FORMATS, TASKS  # the names load_questions accepts, listed from its own tables
     ap.add_argument("--task", default=None,
-                    help="gen-arith (default), gen-track, gen-order, or a dataset format with --data "
-                         "(detected from the file when not given)")
+                    help=f"a generator: {', '.join(TASKS)} (default gen-arith); or a data set: "
+                         f"{', '.join(FORMATS)}, read from --data FILE (its format detected when not given) or, "
+                         "without --data, from the Hugging Face hub")
     ap.add_argument("--data", default=None, help="a local dataset file (JSONL)")
     ap.add_argument("--limit", type=int, default=None,
                     help=f"number of questions (generators: default {default_limit}); with --data, a shuffle by "

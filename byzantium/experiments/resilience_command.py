@@ -13,7 +13,7 @@ from ..commands import Command
 from ..protocols.resilience import DEFENSES, FAULTS, SYSTEMS, build_system
 from ..protocols.resilience.autoinject import ERROR_TYPES
 from ..protocols.resilience.structures import PARAMS as AGENT_PARAMS
-from ..tasks.resilience import BUILTIN_TASKS, DATA_FILES, load_resilience_task
+from ..tasks.resilience import BUILTIN_TASKS, DATA_FILES, RESILIENCE_TASKS, load_resilience_task
 from ..tasks.sandbox import PROTECTIONS, SandboxUnavailable, check_sandbox
 from .resilience import (TASKS, make_system, print_summary, run_resilience_experiment, run_resilience_sweep,
                          settings, write_report)
@@ -26,8 +26,8 @@ def add_resilience_args(ap):
     ap.add_argument("--system", choices=list(SYSTEMS) + ["all"], default="self-collab",
                     help="the system (default self-collab); all: every one, into OUT/<system>/<condition>")
     ap.add_argument("--task", choices=TASKS, default="gen-code",
-                    help="humaneval, ciar, commonmt, faireval (with --data), or the built-in gen-code (default) "
-                         "or gen-arith")
+                    help=f"{', '.join(RESILIENCE_TASKS)} (with --data), or built in: {', '.join(BUILTIN_TASKS)} "
+                         "(default gen-code)")
     ap.add_argument("--data", default=None, help="the task's data file, or the directory holding it under its "
                     "usual name (" + ", ".join(DATA_FILES.values()) + ")")
     ap.add_argument("--fault", choices=FAULTS, default="none", help="the fault of the faulty role (default none)")
