@@ -44,10 +44,10 @@ def test_auto_on_the_cpu_takes_the_kernels_where_they_can_run_the_model():
     assert choose_attention_backend("auto", "cpu", torch.float32, features=plain) == Choice(
         "cpu", "auto: the compiled CPU kernels")
     assert choose_attention_backend("auto", "cpu", torch.bfloat16, features=plain).name == "cpu"
-    for kv, features, why in [(None, ModelFeatures(head_dim=64, window=True), "no sliding-window attention"),
-                              (None, ModelFeatures(head_dim=64, chunk=True), "no chunked attention"),
-                              (None, ModelFeatures(head_dim=48), "not 48"),
-                              (FP8, plain, "float8_e4m3fn KV cache")]:
+    for masked in (ModelFeatures(head_dim=64, window=True), ModelFeatures(head_dim=64, chunk=True)):
+        assert choose_attention_backend("auto", "cpu", torch.float32, features=masked).name == "cpu"
+    for kv, features, why in [(None, ModelFeatures(head_dim=48, window=True), "not 48"),
+                              (FP8, ModelFeatures(head_dim=64, chunk=True), "float8_e4m3fn KV cache")]:
         choice = choose_attention_backend("auto", "cpu", torch.float32, kv, features=features)
         assert choice.name == "torch" and why in choice.reason
     off = choose_attention_backend("auto", "cpu", torch.float32, cpu_kernels=False, features=plain)

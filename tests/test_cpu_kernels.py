@@ -230,7 +230,8 @@ def test_append_prefill_goes_row_by_row_per_sequence_and_matches_reference(new_t
     spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
                            "prefill_supported": staticmethod(ext.prefill_supported), "avx512_supported": staticmethod(ext.avx512_supported),
                            "paged_prefill_attention": staticmethod(ext.paged_prefill_attention),
-                           "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))})
+                           "paged_decode_attention": staticmethod(
+                               lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))})
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
     monkeypatch.setattr(cpu, "row_limit", lambda *shape: limit)  # what this machine might have measured
     got = cpu.append_prefill_attention(q, k_cache, v_cache, cu, lengths, tables, 0.125)
@@ -343,7 +344,7 @@ def test_prefill_without_the_kernel_goes_to_the_reference(monkeypatch):
     spy = type("Spy", (), {"decode_supported": staticmethod(ext.decode_supported),
                            "prefill_supported": staticmethod(lambda head_dim: False),  # an AVX2-only CPU
                            "avx512_supported": staticmethod(lambda: False),
-                           "paged_prefill_attention": staticmethod(lambda *a: pytest.fail("no kernel here")),
+                           "paged_prefill_attention": staticmethod(lambda *a, **kw: pytest.fail("no kernel here")),
                            "paged_decode_attention": staticmethod(ext.paged_decode_attention)})
     monkeypatch.setattr(cpu.cpu_ext, "load", lambda: spy)
     monkeypatch.setattr(cpu, "row_limit", lambda *shape: 4)
@@ -415,7 +416,8 @@ def test_engine_decodes_with_it_and_matches_the_torch_backend(tiny_llama, monkey
         "decode_supported": staticmethod(ext.decode_supported), "store_kv": staticmethod(ext.store_kv),
         "argmax_rows": staticmethod(ext.argmax_rows), "prefill_supported": staticmethod(ext.prefill_supported), "avx512_supported": staticmethod(ext.avx512_supported),
         "paged_prefill_attention": staticmethod(ext.paged_prefill_attention),
-        "paged_decode_attention": staticmethod(lambda *a: calls.append(a[0].shape[0]) or real(*a))}))
+        "paged_decode_attention": staticmethod(
+            lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))}))
     prompts = [list(range(3, 3 + n)) for n in (4, 17, 40, 9)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     got = [o.token_ids for o in engine.generate(prompts, params)]

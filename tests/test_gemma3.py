@@ -5,13 +5,15 @@ attend to a window that has moved far past the start, in prefill and in decode; 
 soft-capping on; one is a Gemma3ForConditionalGeneration checkpoint (vision tower skipped), with tied
 embeddings as the released checkpoints have (the text variants are untied: a tiny random tied model mostly
 repeats one token). Each runs on the
-engine's default CPU path (compiled kernels), with cpu_kernels=False, and with the torch reference.
+engine's default CPU path (compiled kernels, window mask included), with cpu_kernels=False, and with the
+torch reference.
 """
 import pytest
 import torch
 
 from byzantium import Engine, SamplingParams
 from byzantium.engine.models.gemma3 import Gemma3ForCausalLM
+from byzantium.kernels import cpu_ext
 from conftest import random_prompts
 
 LENGTHS = [3, 11, 40, 70]
@@ -85,8 +87,8 @@ def test_greedy_tokens_and_logits_match_transformers(models, variant, backend):
     d = engine.describe()
     assert d["architecture"] == type(hf).__name__ and d["model_code"].endswith("gemma3.Gemma3ForCausalLM")
     assert d["max_model_len"] == 512  # the full context: the window is implemented, not a limit
-    # every backend: the CPU kernels have no window mask, so the default chooses torch for this model
-    assert d["attention_backend"] == "torch"
+    # the default: the CPU kernels, which have the window mask (tests/test_cpu_window_models.py)
+    assert d["attention_backend"] == ("cpu" if backend == "default" and cpu_ext.load() is not None else "torch")
 
 
 def test_tokens_are_not_degenerate_and_the_window_matters(models):

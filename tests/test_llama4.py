@@ -105,8 +105,8 @@ def test_greedy_tokens_and_logits_match_transformers(models, variant, backend):
     d = e.describe()
     assert d["architecture"] == type(hf).__name__ and d["model_code"].endswith("llama4.Llama4ForCausalLM")
     assert d["max_model_len"] == 512  # chunks are implemented, not a limit on the context
-    # every backend: the CPU kernels have no chunk mask, so the default chooses torch for this model
-    assert d["attention_backend"] == "torch"
+    # the default: the CPU kernels, which have the chunk mask (tests/test_cpu_window_models.py)
+    assert d["attention_backend"] == ("cpu" if backend == "default" and cpu.available() else "torch")
 
 
 def test_batched_equals_one_by_one(models):
@@ -259,13 +259,16 @@ def test_reference_chunked_attention_matches_naive(chunk):
     assert_matches(out, naive_chunked(**data, scale=0.2, chunk=chunk), torch.float32)
 
 
-def test_the_cpu_backend_is_not_chosen_for_chunked_layers():
-    # The compiled CPU kernels read a sequence from its first token (no chunk mask): decided before the
-    # model runs, never call by call.
-    features = ModelFeatures(head_dim=64, chunk=True)
-    assert choose_attention_backend("auto", "cpu", features=features).name == "torch"
-    with pytest.raises(ValueError, match="'cpu' cannot run this model: cpu has no chunked attention"):
-        choose_attention_backend("cpu", "cpu", features=features)
-    q = torch.zeros(1, 4, 16)
-    with pytest.raises(ValueError, match="'cpu' has no chunked attention"):
-        PagedAttention(0.25, chunk=8)(q, q, q, SimpleNamespace(ops=cpu, num_decode=1), None, None)
+@pytest.mark.skipif(not cpu.available(), reason="the compiled CPU kernels are not available here")
+@pytest.mark.parametrize("chunk", [1, 8, 20, 1000])
+def test_the_cpu_kernels_chunked_attention_matches_naive(chunk):
+    # The compiled CPU kernels start each query's keys at its chunk's first one: "auto" takes them for
+    # chunked layers (tests/test_window_attention.py checks them against the reference at every path).
+    assert choose_attention_backend("auto", "cpu", features=ModelFeatures(head_dim=32, chunk=True)).name == "cpu"
+    data = make_batch(BATCH, 4, 2, 32, 16, torch.float32, "cpu", seed=chunk)
+    out = cpu.append_prefill_attention(**data, scale=0.2, chunk=chunk)
+    assert_matches(out, naive_chunked(**data, scale=0.2, chunk=chunk), torch.float32)
+    data = make_batch(DECODE, 4, 2, 32, 16, torch.float32, "cpu", seed=chunk + 1)
+    args = [data[k] for k in ("q", "k_cache", "v_cache", "seq_lens", "block_tables")]
+    assert_matches(cpu.paged_decode_attention(*args, 0.2, chunk=chunk), naive_chunked(**data, scale=0.2, chunk=chunk),
+                   torch.float32)

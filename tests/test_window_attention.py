@@ -2,8 +2,8 @@
 and the Triton kernels' chunked attention (`chunk=C`: keys [p // C * C, p]).
 
 - The torch reference against a naive dense float64 computation with an explicit window mask.
-- The CPU backend (compiled kernel while the window changes nothing, the reference past it) against the
-  reference.
+- The compiled CPU kernels (decode at both widths, the prefill tiles, fp32 and bf16, and the backend's
+  split of an append into row-by-row queries and tiles) against the reference, windows and chunks alike.
 - The Triton kernels against the reference: under the interpreter in a fresh TRITON_INTERPRET=1 process
   (as tests/test_kernels.py does), on CUDA in this process.
 - flash-attn's window_size argument.
@@ -77,17 +77,85 @@ def test_reference_window_longer_than_every_sequence_is_global():
                                reference.append_prefill_attention(**data, scale=0.2), rtol=0, atol=0)
 
 
-def test_the_cpu_backend_is_not_chosen_for_sliding_window_layers():
-    # The compiled CPU kernels read a sequence from its first token (no window mask): decided before the
-    # model runs (the torch backend for such a model), never call by call.
-    features = ModelFeatures(head_dim=16, window=True)
-    assert choose_attention_backend("auto", "cpu", features=features).name == "torch"
-    with pytest.raises(ValueError, match="cpu has no sliding-window attention"):
-        choose_attention_backend("cpu", "cpu", features=features)
-    if cpu_ext.load() is not None:
-        decode = make_batch(DECODE, 4, 2, 64, 16, torch.float32, "cpu", seed=4)
-        with pytest.raises(ValueError, match="no sliding-window attention"):
-            cpu.paged_decode_attention(*decode_args(decode), 0.125, window=8)
+# ------------------------------------------------------------------------- compiled CPU kernels vs reference
+
+CPU_EXT = cpu_ext.load()
+needs_cpu_kernels = pytest.mark.skipif(CPU_EXT is None, reason="the compiled CPU kernels are not available here")
+# (window, chunk): windows of 1 and shorter than a 48-row prefill tile, longer than a 64-key chunk of the
+# tile's loop; chunks not aligned with the 16-slot blocks; both masks at once (the later start wins).
+MASKS = [(1, None), (8, None), (20, None), (100, None), (None, 8), (None, 20), (None, 100), (13, 40)]
+# (cached prefix, new tokens): prompts of several tiles, appends to long prefixes, decode-like rows.
+CPU_BATCH = [(0, 130), (70, 19), (23, 1), (150, 60), (16, 16), (0, 1), (5, 3)]
+
+
+def masks(window, chunk):
+    return dict(window=window or 0, chunk=chunk or 0)
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("window, chunk", MASKS)
+@pytest.mark.parametrize("avx512", [True, False])  # AVX-512 width where the CPU has it; AVX2 width
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the pool's
+def test_cpu_decode_kernel_masks_match_reference(window, chunk, avx512, dtype):
+    data = make_batch(DECODE + [(299, 1)], 8, 2, 64, 16, torch.float32, "cpu", seed=(window or 0) + (chunk or 0))
+    q, k_cache, v_cache, lens, tables = decode_args(data)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    want = reference.paged_decode_attention(q, k_cache.float(), v_cache.float(), lens, tables, 0.125, window=window,
+                                            chunk=chunk)
+    got = CPU_EXT.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.125, avx512=avx512,
+                                         **masks(window, chunk))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_cpu_kernels
+@pytest.mark.skipif(CPU_EXT is None or not CPU_EXT.prefill_supported(64), reason="no AVX-512 on this CPU")
+@pytest.mark.parametrize("window, chunk", MASKS)
+@pytest.mark.parametrize("group", [1, 4])  # 4: a tile's 48 rows are 12 positions of 4 query heads
+def test_cpu_prefill_kernel_masks_match_reference(window, chunk, group):
+    data = make_batch(CPU_BATCH, 2 * group, 2, 64, 16, torch.float32, "cpu", seed=group + (window or chunk))
+    want = reference.append_prefill_attention(**data, scale=0.125, window=window, chunk=chunk)
+    meta = [data[k] for k in ("cu_seqlens_q", "seq_lens", "block_tables")]
+    got = CPU_EXT.paged_prefill_attention(data["q"], data["k_cache"], data["v_cache"], *meta, 0.125,
+                                          **masks(window, chunk))
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # a bf16 pool, widened as it is read: fp32 attention over the same values
+    k16, v16 = data["k_cache"].bfloat16(), data["v_cache"].bfloat16()
+    want16 = reference.append_prefill_attention(**{**data, "k_cache": k16.float(), "v_cache": v16.float()},
+                                                scale=0.125, window=window, chunk=chunk)
+    got16 = CPU_EXT.paged_prefill_attention(data["q"], k16, v16, *meta, 0.125, **masks(window, chunk))
+    torch.testing.assert_close(got16, want16, rtol=1e-5, atol=1e-5)
+    if CPU_EXT.avx512_bf16_supported():  # bf16 queries: bf16 dot products, as the unmasked test bounds them
+        out = CPU_EXT.paged_prefill_attention(data["q"].bfloat16(), k16, v16, *meta, 0.125, **masks(window, chunk))
+        exact = reference.append_prefill_attention(**{**data, "q": data["q"].bfloat16().float(), "k_cache": k16.float(),
+                                                       "v_cache": v16.float()}, scale=0.125, window=window, chunk=chunk)
+        torch.testing.assert_close(out.float(), exact, rtol=8e-3, atol=1.2e-2)
+        assert (out.float() - exact).abs().mean() < 1.5e-3
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("window, chunk", [(8, None), (None, 20), (13, 40)])
+@pytest.mark.parametrize("limit", [0, 4, 128])  # every append on tiles; short ones row by row; all row by row
+def test_cpu_backend_append_masks_match_reference(window, chunk, limit, monkeypatch):
+    """The backend's own split: appends of at most `limit` tokens as decode queries (each its own visible
+    length, so its own first key), the rest on the tiles (or gather + SDPA without AVX-512)."""
+    monkeypatch.setattr(cpu, "row_limit", lambda *shape: limit)
+    data = make_batch(CPU_BATCH, 8, 2, 64, 16, torch.float32, "cpu", seed=limit)
+    want = reference.append_prefill_attention(**data, scale=0.125, window=window, chunk=chunk)
+    got = cpu.append_prefill_attention(**data, scale=0.125, window=window, chunk=chunk)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    decode = make_batch(DECODE, 8, 2, 64, 16, torch.float32, "cpu", seed=limit + 1)
+    torch.testing.assert_close(cpu.paged_decode_attention(*decode_args(decode), 0.125, window=window, chunk=chunk),
+                               reference.paged_decode_attention(*decode_args(decode), 0.125, window=window,
+                                                                chunk=chunk), rtol=1e-5, atol=1e-5)
+
+
+@needs_cpu_kernels
+def test_auto_chooses_the_cpu_kernels_for_window_and_chunk_layers():
+    for features in (ModelFeatures(head_dim=16, window=True), ModelFeatures(head_dim=16, chunk=True),
+                     ModelFeatures(head_dim=16, window=True, chunk=True)):
+        assert choose_attention_backend("auto", "cpu", features=features).name == "cpu"
+        assert choose_attention_backend("cpu", "cpu", features=features).reason == "requested"
 
 
 # ------------------------------------------------------------------------------ Triton vs reference

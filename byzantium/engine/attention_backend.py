@@ -36,9 +36,9 @@ CAPABILITIES = {
     "triton": Capability(("cuda",), ANY_FLOAT + (FP8_KV,), window=True, chunk=True, needs="triton"),
     "flash_attn": Capability(("cuda",), (torch.bfloat16, torch.float16), window=True, chunk=False,
                              needs="flash-attn (pip install 'byzantium[flash]')"),
-    # The decode and tiled prefill kernels read a sequence from its first token: no window or chunk mask.
+    # The decode and tiled prefill kernels start each query's keys at its window's or chunk's first one.
     # Prefill rows run on the tiled kernel where the CPU has AVX-512, else gather + SDPA (reference.py's).
-    "cpu": Capability(("cpu",), (torch.float32, torch.bfloat16), window=False, chunk=False,
+    "cpu": Capability(("cpu",), (torch.float32, torch.bfloat16), window=True, chunk=True,
                       head_dims=(16, 32, 64, 80, 96, 128, 256), needs="the compiled CPU kernels (kernels/cpu_ext.py)"),
 }
 BACKENDS = tuple(CAPABILITIES)

@@ -10,9 +10,13 @@ sequence's path depends on its own new tokens, not on what else is in the step. 
 prompts go to the tiled prefill kernel (cpu_prefill.h: 48 query rows a tile) on CPUs with AVX-512, and as
 gather + SDPA (reference.py's prefill) on the others. Timings: bench/results/cpu_kernels.md.
 
+Sliding-window and chunked layers (Gemma 3, Llama 4) take the same paths: both kernels start each query's
+key loop at its first visible key (cpu_kernels.h's first_visible_key: p - window + 1, the start of p's
+chunk), as reference.py's masks define them, and read nothing before it.
+
 What the kernels cannot run is decided before a model runs (engine/attention_backend.py's table: fp32 or
-bf16 K/V on the CPU, the head sizes of cpu_attention.cpp, no sliding-window or chunked layers: they read
-a sequence from its first token); such a model gets the torch backend. A call outside that fails here.
+bf16 K/V on the CPU, the head sizes of cpu_attention.cpp); such a model gets the torch backend. A call
+outside that fails here.
 """
 import functools
 
@@ -21,6 +25,7 @@ import torch
 from . import cpu_ext, reference
 from .notices import warn_once
 
+CHUNKED_ATTENTION = True  # takes `chunk` (layers/attention.py asks before passing it)
 ROW_LIMIT_CANDIDATES = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # new tokens per sequence, timed by row_limit
 BUSY_ROW_LIMIT = 32  # when the timings are noise (another process had the cores): what one quiet machine measured
 
@@ -35,13 +40,10 @@ def unavailable_reason(device_type="cpu"):
     return cpu_ext.unsupported_reason() or "their build failed (logged above)"
 
 
-def _kernel(q, k_cache, window=None):
+def _kernel(q, k_cache):
     ext = cpu_ext.load()
     if ext is None:
         raise RuntimeError(f"the cpu attention backend needs the compiled CPU kernels ({unavailable_reason()})")
-    if window is not None:
-        raise ValueError("the cpu attention backend has no sliding-window attention; choose_attention_backend "
-                         "gives such models the torch backend")
     if q.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.bfloat16) or not ext.decode_supported(
             q.shape[-1]):
         raise ValueError(f"the cpu attention backend takes an fp32 or bf16 KV cache on the CPU and head sizes of "
@@ -55,39 +57,43 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     cpu_ext.load().store_kv(k, v, k_cache, v_cache, slot_mapping.long())
 
 
-def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None):
-    return _decode(_kernel(q, k_cache, window), q, k_cache, v_cache, seq_lens, block_tables, scale)
+def paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, window=None, chunk=None):
+    return _decode(_kernel(q, k_cache), q, k_cache, v_cache, seq_lens, block_tables, scale, window, chunk)
 
 
 def append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window=None,
-                             max_lens=None):
-    ext = _kernel(q, k_cache, window)
+                             max_lens=None, chunk=None):
+    ext = _kernel(q, k_cache)
     limit = row_limit(q.shape[1], k_cache.shape[-2], q.shape[-1], k_cache.shape[1])
     rows, rest = reference.per_step("cpu-split", (cu_seqlens_q, seq_lens, block_tables),
                                     lambda: _split(cu_seqlens_q, seq_lens, block_tables, limit))
     if rest is None:  # every sequence row by row
-        return _decode(ext, q, k_cache, v_cache, rows[1], rows[2], scale)
+        return _decode(ext, q, k_cache, v_cache, rows[1], rows[2], scale, window, chunk)
     if rows is None:
-        return _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+        return _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window, chunk)
     out = torch.empty_like(q)
-    out[rows[0]] = _decode(ext, q[rows[0]], k_cache, v_cache, rows[1], rows[2], scale)
-    out[rest[0]] = _prefill(ext, q[rest[0]], k_cache, v_cache, rest[1], rest[2], rest[3], scale)
+    out[rows[0]] = _decode(ext, q[rows[0]], k_cache, v_cache, rows[1], rows[2], scale, window, chunk)
+    out[rest[0]] = _prefill(ext, q[rest[0]], k_cache, v_cache, rest[1], rest[2], rest[3], scale, window, chunk)
     return out
 
 
-def _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale):
-    """The kernel computes in fp32 (a bf16 cache is widened as it is read): queries in, output out."""
-    return ext.paged_decode_attention(q.float(), k_cache, v_cache, seq_lens, block_tables, scale).to(q.dtype)
+def _decode(ext, q, k_cache, v_cache, seq_lens, block_tables, scale, window, chunk):
+    """The kernel computes in fp32 (a bf16 cache is widened as it is read): queries in, output out. The
+    kernels take window and chunk as sizes, 0 for none."""
+    return ext.paged_decode_attention(q.float(), k_cache, v_cache, seq_lens, block_tables, scale,
+                                      window=window or 0, chunk=chunk or 0).to(q.dtype)
 
 
-def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
+def _prefill(ext, q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, window, chunk):
     """The tiled prefill kernel (cpu_prefill.h) where the CPU has AVX-512, gather + SDPA elsewhere."""
     if not ext.prefill_supported(q.shape[-1]):  # this CPU's prefill path (row_limit is measured against it)
-        return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+        return reference.append_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
+                                                  window=window, chunk=chunk)
     if q.dtype == k_cache.dtype == torch.bfloat16 and ext.avx512_bf16_supported():  # bf16 dot products, bf16 out
-        return ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
-    return ext.paged_prefill_attention(q.float(), k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
-                                       scale).to(q.dtype)
+        return ext.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
+                                           window=window or 0, chunk=chunk or 0)
+    return ext.paged_prefill_attention(q.float(), k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
+                                       window=window or 0, chunk=chunk or 0).to(q.dtype)
 
 
 def _split(cu_seqlens_q, seq_lens, block_tables, limit):
@@ -158,7 +164,7 @@ def _measure_row_limit(num_heads, num_kv_heads, head_dim, block_size, batch=4, c
         rows, _ = _split(cu, lens, tables, new)
         samples = interleaved({
             "rows": lambda: ext.paged_decode_attention(q, k_cache, v_cache, rows[1], rows[2], 0.125),
-            "tiles": lambda: _prefill(ext, q, k_cache, v_cache, cu, lens, tables, 0.125)})
+            "tiles": lambda: _prefill(ext, q, k_cache, v_cache, cu, lens, tables, 0.125, None, None)})
         busy = busy or noisy(samples)
         seconds[new] = {name: s[0] for name, s in samples.items()}
         if seconds[new]["rows"] > seconds[new]["tiles"]:

@@ -1,7 +1,8 @@
 // Attention over the paged KV cache, the torch side: argument checks, the choice of instruction set and the
 // work shared between threads. The kernels: cpu_decode.h (decode: one query token per sequence; AVX2 and
-// AVX-512) and cpu_prefill.h (causal prefill tiles; AVX-512, bf16 queries on avx512_bf16). Also store_kv,
-// which writes new tokens' K/V into their slots.
+// AVX-512) and cpu_prefill.h (causal prefill tiles; AVX-512, bf16 queries on avx512_bf16), both with the
+// sliding-window and chunk masks (window > 0, chunk > 0: a query reads its keys from first_visible_key on).
+// Also store_kv, which writes new tokens' K/V into their slots.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include "cpu_kernels.h"
@@ -20,23 +21,26 @@ bool decode_supported(int64_t head_dim) {
 template <class V, class T>
 static void decode(const float* q, int64_t q_ld, const T* k, const T* v, const int32_t* lens, const int32_t* tables,
                    int64_t width, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t block_size,
-                   float scale) {
+                   int64_t window, int64_t chunk, float scale) {
   const int64_t kv_per_item = B >= 2 * at::get_num_threads() ? Hkv : 1, items_per_seq = Hkv / kv_per_item;
   at::parallel_for(0, B * items_per_seq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / items_per_seq, first_kv = (item % items_per_seq) * kv_per_item;
-      DecodeKernel<V, T>::run({q + b * q_ld, k, v, tables + b * width, lens[b], block_size, Hkv * D, first_kv,
-                               kv_per_item, Hq / Hkv, D, scale, out + b * Hq * D}, scratch);
+      const int64_t first = first_visible_key(lens[b] - 1, window, chunk);  // the query is the last token
+      DecodeKernel<V, T>::run({q + b * q_ld, k, v, tables + b * width, first, lens[b], block_size, Hkv * D,
+                               first_kv, kv_per_item, Hq / Hkv, D, scale, out + b * Hq * D}, scratch);
     }
   });
 }
 
 // Decode attention, the contract of reference.paged_decode_attention: fp32 queries q [B, Hq, D] (rows may be
 // strided: views of the QKV output), an fp32 or bf16 pool [blocks, block_size, Hkv, D]. avx512: the AVX-512
-// kernel where the CPU has it (false: the AVX2 one, as on CPUs without AVX-512).
+// kernel where the CPU has it (false: the AVX2 one, as on CPUs without AVX-512). window, chunk: the
+// reference's masks (0: none).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale, bool avx512) {
+                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale, bool avx512,
+                                     int64_t window, int64_t chunk) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_decode_attention: shapes");
   const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
   TORCH_CHECK(q.scalar_type() == at::kFloat && (k_cache.scalar_type() == at::kFloat || bf16) &&
@@ -47,6 +51,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   TORCH_CHECK(k_cache.size(3) == D && Hq % Hkv == 0 && decode_supported(D), "paged_decode_attention: head layout");
   TORCH_CHECK(seq_lens.numel() == B && block_tables.dim() == 2 && block_tables.size(0) == B,
               "paged_decode_attention: metadata");
+  TORCH_CHECK(window >= 0 && chunk >= 0, "paged_decode_attention: window and chunk are sizes (0: none)");
   if (q.stride(2) != 1 || q.stride(1) != D) q = q.contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
   auto tables = block_tables.to(at::kInt).contiguous();
@@ -62,13 +67,13 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t q_ld = q.stride(0);
   if (avx512 && avx512_supported()) {  // every supported head size is a multiple of 16
     if (bf16)
-      decode<Avx512>(qp, q_ld, k16, v16, lp, tp, width, op, B, Hq, Hkv, D, block_size, (float)scale);
+      decode<Avx512>(qp, q_ld, k16, v16, lp, tp, width, op, B, Hq, Hkv, D, block_size, window, chunk, (float)scale);
     else
-      decode<Avx512>(qp, q_ld, k32, v32, lp, tp, width, op, B, Hq, Hkv, D, block_size, (float)scale);
+      decode<Avx512>(qp, q_ld, k32, v32, lp, tp, width, op, B, Hq, Hkv, D, block_size, window, chunk, (float)scale);
   } else if (bf16) {
-    decode<Avx2>(qp, q_ld, k16, v16, lp, tp, width, op, B, Hq, Hkv, D, block_size, (float)scale);
+    decode<Avx2>(qp, q_ld, k16, v16, lp, tp, width, op, B, Hq, Hkv, D, block_size, window, chunk, (float)scale);
   } else {
-    decode<Avx2>(qp, q_ld, k32, v32, lp, tp, width, op, B, Hq, Hkv, D, block_size, (float)scale);
+    decode<Avx2>(qp, q_ld, k32, v32, lp, tp, width, op, B, Hq, Hkv, D, block_size, window, chunk, (float)scale);
   }
   return out;
 }
@@ -80,23 +85,26 @@ bool prefill_supported(int64_t head_dim) {
 // The tiles of a step, dealt to the threads longest first, each to the least loaded (a tile's cost is the
 // keys it reads): causal tiles differ in cost, and equal shares keep both cores busy to the end.
 static std::vector<std::vector<PrefillTile>> deal(const int32_t* cu, const int32_t* lens, int64_t B, int64_t Hkv,
-                                                  int64_t group, int threads) {
+                                                  int64_t group, int64_t window, int64_t chunk, int threads) {
   std::vector<PrefillTile> tiles;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q_len = cu[b + 1] - cu[b], first_query = lens[b] - q_len, rows = q_len * group;
     for (int64_t r0 = 0; r0 < rows; r0 += PREFILL_ROWS)
       for (int64_t h = 0; h < Hkv; ++h) {
         const int64_t n = std::min<int64_t>(PREFILL_ROWS, rows - r0);
-        tiles.push_back({b, h, r0, n, first_query + (r0 + n - 1) / group + 1});
+        tiles.push_back({b, h, r0, n, first_visible_key(first_query + r0 / group, window, chunk),
+                         first_query + (r0 + n - 1) / group + 1});
       }
   }
-  std::stable_sort(tiles.begin(), tiles.end(), [](const PrefillTile& a, const PrefillTile& b) { return a.keys > b.keys; });
+  auto cost = [](const PrefillTile& t) { return t.keys - t.first_key; };
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [&](const PrefillTile& a, const PrefillTile& b) { return cost(a) > cost(b); });
   std::vector<std::vector<PrefillTile>> per_thread(std::max(1, std::min<int>(threads, (int)tiles.size())));
   std::vector<int64_t> load(per_thread.size(), 0);
   for (const PrefillTile& tile : tiles) {
     const size_t t = std::min_element(load.begin(), load.end()) - load.begin();
     per_thread[t].push_back(tile);
-    load[t] += tile.keys + 16;  // + the tile's fixed work (its queries in, its output out)
+    load[t] += cost(tile) + 16;  // + the tile's fixed work (its queries in, its output out)
   }
   return per_thread;
 }
@@ -110,12 +118,12 @@ static void prefill(const std::vector<std::vector<PrefillTile>>& per_thread, con
   });
 }
 
-// Causal prefill attention, the contract of reference.append_prefill_attention without a window: queries
-// q [T, Hq, D] of the sequences' new tokens (cu_seqlens_q), fp32 over an fp32 or bf16 pool, or bf16 over a
-// bf16 pool (avx512_bf16; bf16 output).
+// Causal prefill attention, the contract of reference.append_prefill_attention: queries q [T, Hq, D] of the
+// sequences' new tokens (cu_seqlens_q), fp32 over an fp32 or bf16 pool, or bf16 over a bf16 pool
+// (avx512_bf16; bf16 output). window, chunk: the reference's masks (0: none).
 torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                       torch::Tensor cu_seqlens_q, torch::Tensor seq_lens, torch::Tensor block_tables,
-                                      double scale) {
+                                      double scale, int64_t window, int64_t chunk) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_prefill_attention: shapes");
   const bool bf16 = k_cache.scalar_type() == at::kBFloat16, bf16_q = q.scalar_type() == at::kBFloat16;
   TORCH_CHECK((q.scalar_type() == at::kFloat || (bf16_q && bf16)) && (k_cache.scalar_type() == at::kFloat || bf16) &&
@@ -128,6 +136,7 @@ torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, to
   const int64_t B = seq_lens.numel();
   TORCH_CHECK(cu_seqlens_q.numel() == B + 1 && block_tables.dim() == 2 && block_tables.size(0) == B,
               "paged_prefill_attention: metadata");
+  TORCH_CHECK(window >= 0 && chunk >= 0, "paged_prefill_attention: window and chunk are sizes (0: none)");
   if (q.stride(2) != 1 || q.stride(1) != D) q = q.contiguous();  // rows may be strided (views of the QKV output)
   auto cu = cu_seqlens_q.to(at::kInt).contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
@@ -143,19 +152,20 @@ torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, to
       TORCH_CHECK(tp[b * width + i] >= 0 && tp[b * width + i] < k_cache.size(0), "paged_prefill_attention: block out of range");
   }
   auto out = torch::empty({T, Hq, D}, q.options());
-  const auto per_thread = deal(cp, lp, B, Hkv, Hq / Hkv, at::get_num_threads());
+  const auto per_thread = deal(cp, lp, B, Hkv, Hq / Hkv, window, chunk, at::get_num_threads());
   const auto *k16 = (const uint16_t*)k_cache.data_ptr(), *v16 = (const uint16_t*)v_cache.data_ptr();
   const float *k32 = (const float*)k_cache.data_ptr(), *v32 = (const float*)v_cache.data_ptr();
   const int64_t q_ld = q.stride(0);
   if (bf16_q)
     prefill<Avx512Bf16>(per_thread, PrefillArgs<uint16_t, uint16_t>{(const uint16_t*)q.data_ptr(), q_ld, k16, v16,
-                        cp, lp, tp, width, block_size, Hq, Hkv, D, (float)scale, (uint16_t*)out.data_ptr()});
+                        cp, lp, tp, width, block_size, Hq, Hkv, D, window, chunk, (float)scale,
+                        (uint16_t*)out.data_ptr()});
   else if (bf16)
     prefill<Avx512>(per_thread, PrefillArgs<float, uint16_t>{q.data_ptr<float>(), q_ld, k16, v16, cp, lp, tp, width,
-                    block_size, Hq, Hkv, D, (float)scale, out.data_ptr<float>()});
+                    block_size, Hq, Hkv, D, window, chunk, (float)scale, out.data_ptr<float>()});
   else
     prefill<Avx512>(per_thread, PrefillArgs<float, float>{q.data_ptr<float>(), q_ld, k32, v32, cp, lp, tp, width,
-                    block_size, Hq, Hkv, D, (float)scale, out.data_ptr<float>()});
+                    block_size, Hq, Hkv, D, window, chunk, (float)scale, out.data_ptr<float>()});
   return out;
 }
 

@@ -1,5 +1,6 @@
 // Paged decode attention (the contract of reference.paged_decode_attention: one query token per sequence
-// over the first seq_lens[b] slots of its block table), written once for W = 8 (AVX2) and 16 (AVX-512)
+// over the first seq_lens[b] slots of its block table, or with a sliding window or chunk only over the
+// keys its query sees, from first_visible_key on), written once for W = 8 (AVX2) and 16 (AVX-512)
 // lanes: queries, arithmetic and output in fp32, the pool in fp32 or bf16 (widened as it is loaded).
 //
 // The torch path gathers every sequence's K/V into a fresh tensor each layer and then runs SDPA; at batch 32
@@ -11,8 +12,8 @@
 // each head's weight. The passes walk the block table a chunk of tokens at a time, every KV head and query
 // head of the work item in turn over the chunk, so that each row comes from memory once; the blocks ahead
 // are prefetched, since they lie wherever the block table says and the hardware prefetcher, which follows
-// addresses, stalls at every block boundary. Only the first seq_lens[b] slots are read, so whatever the rest
-// of the pool holds (NaN included) cannot leak.
+// addresses, stalls at every block boundary. Only the slots of positions item.first .. seq_lens[b] - 1 are
+// read, so whatever the rest of the pool holds (NaN included) cannot leak.
 #pragma once
 #include "cpu_kernels.h"
 #include "cpu_math.h"
@@ -149,11 +150,13 @@ float softmax_numerators(float* s, int64_t length) {
 }
 
 // One work item: scores, softmax, weighted values. The passes walk the block table a chunk of tokens at a
-// time, and at each block prefetch the one DECODE_AHEAD further on (all the item's rows of each slot).
+// time from the first visible key, and at each block prefetch the one DECODE_AHEAD further on (all the
+// item's rows of each slot). Scores are indexed from the first visible key.
 template <class V, int DV, class T>
 void decode_item(const DecodeItem<T>& a, std::vector<float>& scratch) {
   constexpr int W = V::W, D = W * DV, R = decode_round<V, DV>();
-  const int64_t heads = a.kv_heads * a.group, ld = a.length + W, row_bytes = a.kv_heads * D * (int64_t)sizeof(T);
+  const int64_t keys = a.length - a.first;
+  const int64_t heads = a.kv_heads * a.group, ld = keys + W, row_bytes = a.kv_heads * D * (int64_t)sizeof(T);
   scratch.resize(heads * (2 * D + ld + 1));
   float *q = scratch.data(), *acc = q + heads * D, *inv = acc + heads * D, *scores = inv + heads;
   const float* q_in = a.q + a.first_kv * a.group * D;  // the item's query heads are consecutive
@@ -162,7 +165,8 @@ void decode_item(const DecodeItem<T>& a, std::vector<float>& scratch) {
                                       : std::clamp<int64_t>(16384 / (D * sizeof(T)) / W * W, W, DECODE_CHUNK);
   const T* rows[DECODE_CHUNK];  // the chunk's slots: the item's first row of each
   auto chunks = [&](const T* pool, auto fn) {
-    for (int64_t c0 = 0, blk = 0, offset = 0; c0 < a.length; c0 += chunk) {
+    for (int64_t c0 = a.first, blk = a.first / a.block_size, offset = a.first % a.block_size; c0 < a.length;
+         c0 += chunk) {
       const int64_t n = std::min(chunk, a.length - c0);
       for (int64_t t = 0; t < n; ++t) {
         if (offset == 0)
@@ -172,18 +176,19 @@ void decode_item(const DecodeItem<T>& a, std::vector<float>& scratch) {
         if (++offset == a.block_size) offset = 0, ++blk;
       }
       for (int64_t h = 0; h < a.kv_heads; ++h)
-        for (int64_t g0 = 0; g0 < a.group; g0 += R) fn(c0, n, h, g0, std::min<int64_t>(R, a.group - g0));
+        for (int64_t g0 = 0; g0 < a.group; g0 += R)
+          fn(c0 - a.first, n, h, g0, std::min<int64_t>(R, a.group - g0));  // scores from the first key
     }
   };
-  chunks(a.k + a.first_kv * D, [&](int64_t c0, int64_t n, int64_t h, int64_t g0, int64_t g) {
+  chunks(a.k + a.first_kv * D, [&](int64_t i0, int64_t n, int64_t h, int64_t g0, int64_t g) {
     const int64_t j = h * a.group + g0;
-    heads_of<V, DV, T, 0>(g, q + j * D, rows, h * D, n, scores + j * ld + c0, ld);
+    heads_of<V, DV, T, 0>(g, q + j * D, rows, h * D, n, scores + j * ld + i0, ld);
   });
-  for (int64_t j = 0; j < heads; ++j) inv[j] = softmax_numerators<V>(scores + j * ld, a.length);
+  for (int64_t j = 0; j < heads; ++j) inv[j] = softmax_numerators<V>(scores + j * ld, keys);
   std::fill(acc, acc + heads * D, 0.f);
-  chunks(a.v + a.first_kv * D, [&](int64_t c0, int64_t n, int64_t h, int64_t g0, int64_t g) {
+  chunks(a.v + a.first_kv * D, [&](int64_t i0, int64_t n, int64_t h, int64_t g0, int64_t g) {
     const int64_t j = h * a.group + g0;
-    heads_of<V, DV, T, 1>(g, scores + j * ld + c0, ld, rows, h * D, n, acc + j * D);
+    heads_of<V, DV, T, 1>(g, scores + j * ld + i0, ld, rows, h * D, n, acc + j * D);
   });
   float* out = a.out + a.first_kv * a.group * D;
   for (int64_t j = 0; j < heads; ++j)

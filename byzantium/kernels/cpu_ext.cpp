@@ -2,11 +2,12 @@
 #include <torch/extension.h>
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale, bool avx512);
+                                     torch::Tensor seq_lens, torch::Tensor block_tables, double scale, bool avx512,
+                                     int64_t window, int64_t chunk);
 bool decode_supported(int64_t head_dim);
 torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                       torch::Tensor cu_seqlens_q, torch::Tensor seq_lens, torch::Tensor block_tables,
-                                      double scale);
+                                      double scale, int64_t window, int64_t chunk);
 bool prefill_supported(int64_t head_dim);
 void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping);
 torch::Tensor pack_panels(torch::Tensor w);
@@ -71,11 +72,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("paged_decode_attention", &paged_decode_attention,
         "fp32 decode attention over the paged KV cache (the contract of kernels/reference.py); avx512=False: "
-        "the AVX2 kernel even where cpu_decode512.cpp's could run", pybind11::arg("q"), pybind11::arg("k_cache"),
-        pybind11::arg("v_cache"), pybind11::arg("seq_lens"), pybind11::arg("block_tables"), pybind11::arg("scale"),
-        pybind11::arg("avx512") = true, release());
+        "the AVX2 kernel even where the AVX-512 one could run; window, chunk: the masks (0: none)",
+        pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("seq_lens"),
+        pybind11::arg("block_tables"), pybind11::arg("scale"), pybind11::arg("avx512") = true,
+        pybind11::arg("window") = 0, pybind11::arg("chunk") = 0, release());
   m.def("paged_prefill_attention", &paged_prefill_attention,
-        "fp32 causal prefill attention over the paged KV cache, AVX-512 (cpu_prefill_attention.cpp)", release());
+        "fp32 causal prefill attention over the paged KV cache, AVX-512 (cpu_prefill.h); window, chunk: the "
+        "masks (0: none)", pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+        pybind11::arg("cu_seqlens_q"), pybind11::arg("seq_lens"), pybind11::arg("block_tables"),
+        pybind11::arg("scale"), pybind11::arg("window") = 0, pybind11::arg("chunk") = 0, release());
   m.def("prefill_supported", &prefill_supported, "whether paged_prefill_attention runs here for this head_dim");
   m.def("store_kv", &store_kv, "k, v [T, Hkv, D] into their paged cache slots (-1: skipped)", release());
   m.def("decode_supported", &decode_supported, "whether paged_decode_attention has a kernel for this head_dim");

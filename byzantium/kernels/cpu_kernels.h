@@ -35,6 +35,15 @@ struct PanelKernel {
                        int64_t ldy, int64_t cols);
 };
 
+// The first key position a query at position pos sees: pos - window + 1 in a sliding window (window > 0),
+// the start of its chunk in chunked attention (chunk > 0), the later of the two; 0 with neither. Every
+// kernel reads a query's keys from there to its own position.
+inline int64_t first_visible_key(int64_t pos, int64_t window, int64_t chunk) {
+  int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+  if (chunk > 0) first = std::max(first, pos / chunk * chunk);
+  return first;
+}
+
 // Decode attention, one work item: a sequence's KV heads first_kv .. first_kv + kv_heads - 1 and the query
 // heads that read them (query head j of KV head h: h * group + j).
 template <class T>  // the pool's element: float, or uint16_t holding bf16
@@ -42,7 +51,8 @@ struct DecodeItem {
   const float* q;        // the sequence's query row (heads contiguous, D apart)
   const T *k, *v;        // the pools: slot s, KV head h at s * stride + h * D
   const int32_t* table;  // the sequence's block table
-  int64_t length, block_size, stride, first_kv, kv_heads, group, D;
+  int64_t first, length;  // the keys read: positions first .. length - 1 (first_visible_key of the query)
+  int64_t block_size, stride, first_kv, kv_heads, group, D;
   float scale;
   float* out;  // the sequence's output row
 };
@@ -57,7 +67,8 @@ struct DecodeKernel {
 constexpr int PREFILL_ROWS = 48, PREFILL_DT = 8;
 
 struct PrefillTile {  // query rows first_row .. first_row + rows - 1 of one sequence and KV head
-  int64_t seq, kv_head, first_row, rows, keys;  // keys: how many of the sequence's first keys the tile reads
+  int64_t seq, kv_head, first_row, rows;
+  int64_t first_key, keys;  // the keys the tile reads: positions first_key .. keys - 1
 };
 
 template <class Q, class T>  // the queries' and output's element, the pool's
@@ -67,6 +78,7 @@ struct PrefillArgs {
   const T *k_cache, *v_cache;  // [blocks, block_size, Hkv, D]
   const int32_t *cu, *lens, *tables;
   int64_t width, block_size, Hq, Hkv, D;
+  int64_t window, chunk;  // the mask (first_visible_key); 0: none
   float scale;
   Q* out;  // [tokens, Hq, D]
 };

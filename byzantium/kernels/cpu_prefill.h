@@ -1,8 +1,8 @@
 // Causal prefill attention over the paged KV cache at AVX-512 width: the contract of
-// reference.append_prefill_attention without a window (new tokens over their sequence's cached prefix and
-// themselves), reading K/V in place from the block pool. Instantiated (cpu_kernels.h's PrefillKernel) for
-// fp32 queries over an fp32 or bf16 pool (bf16 keys and values widened a chunk at a time), and, on CPUs with
-// avx512_bf16, for a bf16 model's bf16 queries: both products then run on bf16 dot products, two head dims
+// reference.append_prefill_attention (new tokens over their sequence's cached prefix and themselves; with a
+// sliding window or chunk, over the keys from first_visible_key on), reading K/V in place from the block
+// pool. Instantiated (cpu_kernels.h's PrefillKernel) for fp32 queries over an fp32 or bf16 pool (bf16 keys
+// and values widened a chunk at a time), and, on CPUs with avx512_bf16, for a bf16 model's bf16 queries: both products then run on bf16 dot products, two head dims
 // (scores) or two keys (values) per instruction, half the instructions of fp32. Scores: the queries against
 // the keys read in place, exact products summed in fp32. Values: the softmax weights rounded to bf16 (as
 // flash attention does for its second product), the values paired a chunk at a time, sums in fp32. The
@@ -14,9 +14,11 @@
 // [D][48], so a score is a broadcast key element times three row vectors, and a chunk's row maxima,
 // exponentials and sums are plain vertical operations (no horizontal reductions). Per chunk of 64 keys:
 // scores (8 keys x 48 rows in 24 registers), the online-softmax update, then the weighted values into the
-// output tile, also held transposed (8 head dims x 48 rows in 24 registers). Only keys up to a tile's last
-// position are read, and only the first seq_lens[b] slots of a sequence, so nothing else in the pool (NaN
-// included) can leak; masked scores get weight exactly 0.
+// output tile, also held transposed (8 head dims x 48 rows in 24 registers). Only keys from a tile's first
+// row's first visible key up to its last row's position are read, and only the first seq_lens[b] slots of a
+// sequence, so nothing else in the pool (NaN included) can leak; masked scores get weight exactly 0. A row
+// may see none of a chunk's keys (a window or chunk that starts past them): its running max stays -inf and
+// exp_nonpositive takes the resulting NaN (-inf minus -inf) to 0, so the row adds nothing until its keys come.
 #pragma once
 #include "cpu_kernels.h"
 #include "cpu_math.h"
@@ -26,12 +28,13 @@ constexpr int PREFILL_KT = 8;      // keys per score micro-tile
 static_assert(PREFILL_ROWS == 48, "a tile's rows are three 16-lane vectors");
 
 // scores[j][0:48] = key j . the tile's query rows, for NK keys from position key_pos; a key past a row's
-// position scores -inf for that row. Q = float: fp32 queries held [D][48] (scaled as they were laid out).
-// Q = uint16_t: bf16 queries held as (d, d + 1) pairs, [D / 2][48][2], each key's pair broadcast, so one
-// dot-product instruction does two head dims of 16 rows (exact products summed in fp32, unscaled).
+// position (pos) or before its first visible key (lo) scores -inf for that row; max_lo is the largest lo.
+// Q = float: fp32 queries held [D][48] (scaled as they were laid out). Q = uint16_t: bf16 queries held as
+// (d, d + 1) pairs, [D / 2][48][2], each key's pair broadcast, so one dot-product instruction does two head
+// dims of 16 rows (exact products summed in fp32, unscaled).
 template <class V, int NK, class Q>
 void score_tile(const Q* qt, int64_t D, const Q* const* key, int64_t key_pos, const int32_t* pos, int32_t min_pos,
-                float* scores) {
+                const int32_t* lo, int32_t max_lo, float* scores) {
   constexpr int STEP = sizeof(float) / sizeof(Q), ROWS = PREFILL_ROWS;  // STEP: head dims a lane
   typename V::Vec acc[NK][3];
 #pragma GCC unroll 8
@@ -48,13 +51,16 @@ void score_tile(const Q* qt, int64_t D, const Q* const* key, int64_t key_pos, co
     }
   }
   const typename V::Vec minus_inf = V::set1(-INFINITY);
-  const bool masked = key_pos + NK - 1 > min_pos;  // some key is past some row's position
+  const bool masked = key_pos + NK - 1 > min_pos || key_pos < max_lo;  // some key outside some row's keys
 #pragma GCC unroll 8
   for (int j = 0; j < NK; ++j)
 #pragma GCC unroll 3
     for (int v = 0; v < 3; ++v) {
       typename V::Vec s = acc[j][v];
-      if (masked) s = V::select(V::at_most((int32_t)(key_pos + j), pos + 16 * v), s, minus_inf);
+      if (masked) {
+        const int32_t k = (int32_t)(key_pos + j);
+        s = V::select(V::at_most(k, pos + 16 * v) & V::not_below(k, lo + 16 * v), s, minus_inf);
+      }
       V::store(scores + j * ROWS + 16 * v, s);
     }
 }
@@ -141,14 +147,15 @@ void PrefillKernel<V, Q, T>::run(const PrefillArgs<Q, T>& a, const PrefillTile& 
   float *const out_tile = qt_storage + D * ROWS, *const scores = out_tile + D * ROWS;
   float *const keys = scores + CHUNK * ROWS, *const values = keys + CHUNK * D;
   uint16_t* const weight_pairs = reinterpret_cast<uint16_t*>(values + CHUNK * D);
-  alignas(64) int32_t pos[ROWS];
+  alignas(64) int32_t pos[ROWS], lo[ROWS];  // each row's position and first visible key
   int64_t token[ROWS], head[ROWS];  // each row's query token and head
   for (int i = 0; i < ROWS; ++i) {  // rows past the tile's end repeat its last row's position, with q = 0
     const int64_t row = tile.first_row + std::min<int64_t>(i, tile.rows - 1);
     token[i] = a.cu[b] + row / group, head[i] = h * group + row % group;
     pos[i] = (int32_t)(first_query + row / group);
+    lo[i] = (int32_t)first_visible_key(pos[i], a.window, a.chunk);
   }
-  const int32_t min_pos = pos[0];
+  const int32_t min_pos = pos[0], max_lo = lo[ROWS - 1];  // rows in position order
   Q* qt = reinterpret_cast<Q*>(qt_storage);
   for (int i = 0; i < ROWS; ++i) {
     const Q* qi = a.q + token[i] * a.q_ld + head[i] * D;
@@ -171,7 +178,7 @@ void PrefillKernel<V, Q, T>::run(const PrefillArgs<Q, T>& a, const PrefillTile& 
   const Q* key[CHUNK];
   const Q* value[CHUNK];    // fp32: each key's values; bf16: each pair of keys' value pairs
   const T* raw_value[CHUNK];  // bf16 path: the values in the pool
-  for (int64_t k0 = 0; k0 < tile.keys; k0 += CHUNK) {
+  for (int64_t k0 = tile.first_key; k0 < tile.keys; k0 += CHUNK) {
     const int64_t nk = std::min<int64_t>(CHUNK, tile.keys - k0);
     for (int64_t j = 0, blk = k0 / a.block_size, offset = k0 % a.block_size; j < nk; ++j) {
       const int64_t slot = (int64_t)table[blk] * a.block_size + offset;
@@ -190,9 +197,10 @@ void PrefillKernel<V, Q, T>::run(const PrefillArgs<Q, T>& a, const PrefillTile& 
       }
     }
     int64_t j0 = 0;
-    for (; j0 + KT <= nk; j0 += KT) score_tile<V, KT>(qt, D, key + j0, k0 + j0, pos, min_pos, scores + j0 * ROWS);
+    for (; j0 + KT <= nk; j0 += KT)
+      score_tile<V, KT>(qt, D, key + j0, k0 + j0, pos, min_pos, lo, max_lo, scores + j0 * ROWS);
     switch (nk - j0) {
-#define CASE(n) case n: score_tile<V, n>(qt, D, key + j0, k0 + j0, pos, min_pos, scores + j0 * ROWS); break;
+#define CASE(n) case n: score_tile<V, n>(qt, D, key + j0, k0 + j0, pos, min_pos, lo, max_lo, scores + j0 * ROWS); break;
       CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7)
 #undef CASE
       default: break;

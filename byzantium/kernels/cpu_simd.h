@@ -130,6 +130,9 @@ struct Avx512 {
   static Mask at_most(int32_t a, const int32_t* b) {  // the lanes where a <= b[lane]
     return _mm512_cmple_epi32_mask(_mm512_set1_epi32(a), _mm512_loadu_si512((const void*)b));
   }
+  static Mask not_below(int32_t a, const int32_t* b) {  // the lanes where a >= b[lane]
+    return _mm512_cmpge_epi32_mask(_mm512_set1_epi32(a), _mm512_loadu_si512((const void*)b));
+  }
   static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
   static Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
   static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
