@@ -133,13 +133,26 @@ def test_cpu_prefill_kernel_masks_match_reference(window, chunk, group):
         assert (out.float() - exact).abs().mean() < 1.5e-3
 
 
+class WithoutTiles:
+    """The compiled kernels as on a CPU without AVX-512: no prefill tiles (appends take gather + SDPA)."""
+
+    def __init__(self, ext):
+        self.ext = ext
+
+    def __getattr__(self, name):
+        return (lambda head_dim: False) if name == "prefill_supported" else getattr(self.ext, name)
+
+
 @needs_cpu_kernels
 @pytest.mark.parametrize("window, chunk", [(8, None), (None, 20), (13, 40)])
 @pytest.mark.parametrize("limit", [0, 4, 128])  # every append on tiles; short ones row by row; all row by row
-def test_cpu_backend_append_masks_match_reference(window, chunk, limit, monkeypatch):
+@pytest.mark.parametrize("tiles", [True, False])
+def test_cpu_backend_append_masks_match_reference(window, chunk, limit, tiles, monkeypatch):
     """The backend's own split: appends of at most `limit` tokens as decode queries (each its own visible
     length, so its own first key), the rest on the tiles (or gather + SDPA without AVX-512)."""
     monkeypatch.setattr(cpu, "row_limit", lambda *shape: limit)
+    if not tiles:
+        monkeypatch.setattr(cpu_ext, "load", lambda: WithoutTiles(CPU_EXT))
     data = make_batch(CPU_BATCH, 8, 2, 64, 16, torch.float32, "cpu", seed=limit)
     want = reference.append_prefill_attention(**data, scale=0.125, window=window, chunk=chunk)
     got = cpu.append_prefill_attention(**data, scale=0.125, window=window, chunk=chunk)
