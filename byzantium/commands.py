@@ -6,7 +6,8 @@ too. cli.py lists the commands as `Listed` (name, help, owning module) and impor
 command that runs, so that `byzantium --help` and a misspelled flag cost no torch; the sweep builds the
 `run` parser from the same Commands (experiments/run_command.py) without going through the CLI. A run
 method's Command also tells the sweep which of its flags a file may vary (`sweep_keys`), which settings
-every cell shows (`sweep_shown`) and how many tokens a cell generates (`sweep_tokens`).
+every cell shows (`sweep_shown`), how many tokens a cell generates (`sweep_tokens`), the context it
+needs (`sweep_length`) and its run's checks that load nothing (`sweep_check`).
 
 Below the registry: the flags that name a run's questions (`task_args`) and the helpers the run
 commands share (loading the questions, skipping a finished run, the pool a run loads its models in).
@@ -27,10 +28,12 @@ class Command:
     add_args: Callable  # add_args(parser): the command's flags (and sub-commands)
     func: Callable | None = None  # func(args) -> exit code or None; None: its sub-commands set their own
     # A run method's word to `byzantium sweep`, so that the sweep names no method (sweep/cells.py,
-    # cell_checks.py, dry_run.py); a cell's default task is its --task flag's default (else gen-arith).
+    # cell_checks.py, dry_run.py, needs.py); a cell's default task is its --task flag's default (else gen-arith).
     sweep_keys: tuple = ()  # the dests of the flags an experiment file may set
     sweep_shown: Callable | None = None  # sweep_shown(args) -> {dest: value}: what every cell's params show
     sweep_tokens: Callable | None = None  # sweep_tokens(params) -> tokens a problem generates, an upper bound
+    sweep_length: Callable | None = None  # sweep_length(params, prompt_budget) -> the max_model_len a cell needs
+    sweep_check: Callable | None = None  # sweep_check(args): the run's checks that load nothing; ValueError
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,17 @@ def load_questions(args):
     if not tasks:
         raise ValueError("no questions to run")
     return tasks
+
+
+def check_task_names(args):
+    """load_questions' word on --task and --data that reads nothing (a sweep checks its cells with it
+    before it starts; the data file itself is read at run time)."""
+    from .tasks import FORMATS, HUB, TASKS
+    if args.data is None and (args.task or "gen-arith") not in TASKS and args.task.split(":")[0] not in HUB:
+        raise ValueError(f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}, a dataset name "
+                         f"({', '.join(HUB)}), or a format with --data FILE")
+    if args.data is not None and args.task is not None and args.task not in FORMATS:
+        raise ValueError(f"unknown --task {args.task!r} for --data; dataset formats: {', '.join(FORMATS)}")
 
 
 def already_done(out, tasks, print_table):

@@ -216,8 +216,29 @@ def sweep_tokens(params):
     return sum(len(step) for step in system.steps) * (params.get("max_tokens") or AGENT_PARAMS.max_tokens)
 
 
+HISTORY_TURNS = 4  # earlier messages an agent reads, at max_tokens each (a rough estimate)
+
+
+def sweep_length(params, prompt_budget):
+    """The context a cell needs: a prompt with a few earlier messages, then max_tokens."""
+    return prompt_budget + (HISTORY_TURNS + 1) * params.get("max_tokens", AGENT_PARAMS.max_tokens)
+
+
+def sweep_check(args):
+    """prepare_resilience's checks that load nothing (no problems, no model), on a sweep's cell before it
+    starts."""
+    for flag in ("pm", "pe"):
+        if not 0.0 <= getattr(args, flag) <= 1.0:
+            raise ValueError(f"--{flag} must be a probability in [0, 1], got {getattr(args, flag)}")
+    if args.system == "all":
+        raise ValueError("--system all: a sweep names its systems as an axis, one per cell")
+    make_system(args.system, args.faulty_role, args.rounds)
+    if args.task not in BUILTIN_TASKS and args.data is None:
+        raise ValueError(f"--task {args.task} needs its data: --data {DATA_FILES[args.task]}")
+
+
 RUN_METHODS = [
     Command("resilience", "a collaboration structure (linear/flat/hierarchical) with a faulty agent and defences",
             add_resilience_args, cmd_resilience, sweep_keys=RESILIENCE_KEYS, sweep_shown=sweep_shown,
-            sweep_tokens=sweep_tokens),
+            sweep_tokens=sweep_tokens, sweep_length=sweep_length, sweep_check=sweep_check),
 ]

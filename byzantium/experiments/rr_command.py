@@ -7,7 +7,7 @@ checks before any model loads, and the run (experiments/rr.py).
 from functools import partial
 
 from ..backends import DEFAULT_MODEL, add_backend_args, check_models, pool_kwargs
-from ..commands import TASK_KEYS, Command, already_done, load_questions, run_pool, task_args
+from ..commands import TASK_KEYS, Command, already_done, check_task_names, load_questions, run_pool, task_args
 from ..protocols.attacks import ATTACK_MODES, CANDIDATES
 from ..protocols.rr_prompts import TEMPERATURE
 from .rr import check_config, print_table, run_rr_experiment, settings
@@ -125,14 +125,33 @@ def sweep_tokens(method, params):
     return answers * params.get("max_len", 512)
 
 
+def sweep_length(params, prompt_budget):
+    """The context a cell needs: an agent's prompt, then the shared answer of L tokens."""
+    return prompt_budget + params.get("max_len", 512)
+
+
+def sweep_check(args):
+    """prepare_run's checks that load nothing (no questions, no model), on a sweep's cell before it starts."""
+    check_task_names(args)
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    m = args.trajectories if args.trajectories is not None or args.method != "rrmaj" else args.agents
+    models = args.models.split(",") if args.models else [args.model] * args.agents
+    check_config(args.method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack, args.temperature,
+                 args.order, [n or DEFAULT_MODEL for n in models], allow_identical=args.allow_identical)
+
+
 RUN_METHODS = [
     Command("maj", "majority vote of N independent answers (\"The Consensus Trap\")",
             partial(run_args, method="maj"), cmd_run, sweep_keys=MAJ_KEYS,
-            sweep_shown=partial(sweep_shown, "maj"), sweep_tokens=partial(sweep_tokens, "maj")),
+            sweep_shown=partial(sweep_shown, "maj"), sweep_tokens=partial(sweep_tokens, "maj"),
+            sweep_length=sweep_length, sweep_check=sweep_check),
     Command("rr", "token-level round-robin: N agents write one answer, K tokens a turn",
             partial(run_args, method="rr"), cmd_run, sweep_keys=RR_KEYS,
-            sweep_shown=partial(sweep_shown, "rr"), sweep_tokens=partial(sweep_tokens, "rr")),
+            sweep_shown=partial(sweep_shown, "rr"), sweep_tokens=partial(sweep_tokens, "rr"),
+            sweep_length=sweep_length, sweep_check=sweep_check),
     Command("rrmaj", "M round-robin trajectories and a plurality vote over them",
             partial(run_args, method="rrmaj"), cmd_run, sweep_keys=RR_KEYS + ("trajectories",),
-            sweep_shown=partial(sweep_shown, "rrmaj"), sweep_tokens=partial(sweep_tokens, "rrmaj")),
+            sweep_shown=partial(sweep_shown, "rrmaj"), sweep_tokens=partial(sweep_tokens, "rrmaj"),
+            sweep_length=sweep_length, sweep_check=sweep_check),
 ]

@@ -9,7 +9,7 @@ import argparse
 from functools import partial
 
 from ..backends import DEFAULT_MODEL, SamplingParams, add_backend_args, check_models, pool_kwargs
-from ..commands import TASK_KEYS, Command, already_done, load_questions, run_pool, task_args
+from ..commands import TASK_KEYS, Command, already_done, check_task_names, load_questions, run_pool, task_args
 from ..protocols.byzantine import ADVERSARY_MODES
 from ..protocols.prompts import TEMPERATURE
 from .runner import check_resume
@@ -195,11 +195,35 @@ def sweep_tokens(protocol, params):
     return n * (solve + judge) + rounds * (n * (solve + judge) + neighbours * judge)
 
 
+ANSWER_BUDGET = 64  # tokens a neighbour's final answer takes in a refine prompt (only answers travel)
+
+
+def sweep_length(protocol, params, prompt_budget):
+    """The context a cell needs: a refine prompt holds the neighbours' final answers (not their reasoning),
+    then max_tokens, or a judgement of judge_max_tokens (SAC's, and an adaptive adversary's)."""
+    judges = protocol == "sac" or params.get("adversary") == "adaptive"
+    generated = max(params.get("max_tokens", 1000), params.get("judge_max_tokens", 1000) if judges else 0)
+    return prompt_budget + params.get("agents", 7) * ANSWER_BUDGET + generated
+
+
+def sweep_check(args):
+    """prepare_sac's checks that load nothing (no questions, no model; the graph built), on a sweep's cell
+    before it starts."""
+    from .sac import check_config
+    check_task_names(args)
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    check_config(args.method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
+                 args.topology or "merg", args.seed, args.score_mode, None, args.robustness)
+
+
 RUN_METHODS = [
     Command("sac", "Self-Anchored Consensus on an (F+1)-robust graph with Byzantine agents",
             partial(sac_args, protocol="sac"), cmd_run_sac, sweep_keys=SAC_KEYS + ("logprob_kind", "ra_ties"),
-            sweep_shown=partial(sweep_shown, "sac"), sweep_tokens=partial(sweep_tokens, "sac")),
+            sweep_shown=partial(sweep_shown, "sac"), sweep_tokens=partial(sweep_tokens, "sac"),
+            sweep_length=partial(sweep_length, "sac"), sweep_check=sweep_check),
     Command("cpwbft", "the CP-WBFT baseline (confidence-weighted local updates)",
             partial(sac_args, protocol="cpwbft"), cmd_run_sac, sweep_keys=SAC_KEYS + ("all_rounds",),
-            sweep_shown=partial(sweep_shown, "cpwbft"), sweep_tokens=partial(sweep_tokens, "cpwbft")),
+            sweep_shown=partial(sweep_shown, "cpwbft"), sweep_tokens=partial(sweep_tokens, "cpwbft"),
+            sweep_length=partial(sweep_length, "cpwbft"), sweep_check=sweep_check),
 ]

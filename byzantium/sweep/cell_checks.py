@@ -5,13 +5,8 @@ import functools
 import io
 import re
 
-from ..backends import DEFAULT_MODEL
-from ..experiments import rr, sac
-from ..experiments.resilience import make_system
 from ..experiments.run_command import run_parser
-from ..tasks import FORMATS, HUB, TASKS
-from ..tasks.resilience import BUILTIN_TASKS, DATA_FILES
-from .cells import COMMANDS, KEYS, RES, SAC, SPELLING, ConfigError
+from .cells import COMMANDS, KEYS, SPELLING, ConfigError
 
 
 @functools.cache
@@ -53,34 +48,11 @@ def _blame(cell, where, message):
 
 
 def _static_checks(method, args):
-    """What prepare_run / prepare_sac / prepare_resilience check, without loading questions or models."""
+    """What the run checks without loading questions or models: the counts every method has, then its
+    method's own checks (its Command's sweep_check, beside the run's prepare_*)."""
     for flag in ("limit", "sample", "concurrency", "max_tokens", "judge_max_tokens", "fault_max_tokens",
                  "inspector_max_tokens", "rounds"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    if method in RES:
-        for flag in ("pm", "pe"):
-            if not 0.0 <= getattr(args, flag) <= 1.0:
-                raise ValueError(f"--{flag} must be a probability in [0, 1], got {getattr(args, flag)}")
-        if args.system == "all":
-            raise ValueError("--system all: a sweep names its systems as an axis, one per cell")
-        make_system(args.system, args.faulty_role, args.rounds)
-        if args.task not in BUILTIN_TASKS and args.data is None:
-            raise ValueError(f"--task {args.task} needs its data: --data {DATA_FILES[args.task]}")
-        return
-    if args.data is None and (args.task or "gen-arith") not in TASKS and args.task.split(":")[0] not in HUB:
-        raise ValueError(f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}, a dataset name "
-                         f"({', '.join(HUB)}), or a format with --data FILE")
-    if args.data is not None and args.task is not None and args.task not in FORMATS:
-        raise ValueError(f"unknown --task {args.task!r} for --data; dataset formats: {', '.join(FORMATS)}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if method in SAC:
-        sac.check_config(method, args.agents, args.weak, args.byzantine, args.adversary, args.F, args.rounds,
-                     args.topology or "merg", args.seed, args.score_mode, None, args.robustness)
-        return
-    m = args.trajectories if args.trajectories is not None or method != "rrmaj" else args.agents
-    models = args.models.split(",") if args.models else [args.model] * args.agents
-    rr.check_config(method, args.agents, args.corrupt, args.chunk, m, args.max_len, args.attack, args.temperature,
-                 args.order, [n or DEFAULT_MODEL for n in models], allow_identical=args.allow_identical)
+    COMMANDS[method].sweep_check(args)

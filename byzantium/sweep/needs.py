@@ -4,29 +4,18 @@ import json
 import os
 from pathlib import Path
 
-from .cells import RR, SAC
+from .cells import COMMANDS
 
 PROMPT_BUDGET = 512  # prompt tokens assumed per request when sizing max_model_len (prompt_budget = ...)
-ANSWER_BUDGET = 64  # tokens per neighbour's final answer in a SAC refine prompt (only answers travel)
-HISTORY_TURNS = 4  # resilience: earlier messages an agent reads, at max_tokens each (a rough estimate)
 NOT_HERE = ("is not on this machine (no checkpoint directory, not in the Hugging Face cache): download it "
             "(huggingface-cli download NAME) for a GPU with the weights, or serve it and pass "
             "--backend openai --base-url URL")
 
 
 def needed_len(cell, prompt_budget=PROMPT_BUDGET):
-    """The max_model_len a cell needs: the longest prompt plus what is generated after it (an estimate:
-    the prompt is prompt_budget tokens). RR: the shared answer of L tokens follows each agent's prompt;
-    SAC: a refine prompt holds the neighbours' final answers (only answers travel, not reasoning), then
-    max_tokens (or a judgement of judge_max_tokens, also an adaptive adversary's); resilience: a few earlier messages, then max_tokens."""
-    p = cell.params
-    if cell.method in RR:
-        return prompt_budget + p.get("max_len", 512)
-    if cell.method in SAC:
-        judges = cell.method == "sac" or p.get("adversary") == "adaptive"  # CP-WBFT's adaptive adversary judges too
-        generated = max(p.get("max_tokens", 1000), p.get("judge_max_tokens", 1000) if judges else 0)
-        return prompt_budget + p.get("agents", 7) * ANSWER_BUDGET + generated
-    return prompt_budget + (HISTORY_TURNS + 1) * p.get("max_tokens", 1024)
+    """The max_model_len a cell needs: the longest prompt plus what is generated after it, as its method
+    counts them (its Command's sweep_length; an estimate: the prompt is prompt_budget tokens)."""
+    return COMMANDS[cell.method].sweep_length(cell.params, prompt_budget)
 
 
 def model_context(name, settings):
