@@ -19,6 +19,7 @@ from ..experiments.run_command import RUN_METHODS
 RR, SAC, RES = ({command.name for command in module.RUN_METHODS}
                 for module in (rr_command, sac_command, resilience_command))
 METHODS = tuple(command.name for command in RUN_METHODS)
+FAMILIES = [RR, SAC, RES] + [{m} for m in METHODS if m not in RR | SAC | RES]  # any other method: its own
 COMMANDS = {command.name: command for command in RUN_METHODS}  # what each method tells the sweep
 SPELLING = {"defense": "defence"}  # a flag's dest -> its key where the files spell it otherwise
 
@@ -51,7 +52,7 @@ DECLARED = _declared_flags()
 # key -> (its flag, the methods that have it); a flag of None is a key of the sweep's own.
 KEYS = {key: (next(o for o in action.option_strings if o.startswith("--")), methods)
         for key, (action, methods) in DECLARED.items()} | {
-    "pattern": (None, RR), "corrupted": (None, RR), "method": (None, RR | SAC | RES),
+    "pattern": (None, RR), "corrupted": (None, RR), "method": (None, set(METHODS)),
     "budget": (None, RR | SAC),  # corrupted agents of N: RR's --corrupt, SAC's --byzantine (one scale for both)
 }
 BOOL_KEYS = tuple(key for key, (action, _) in DECLARED.items() if action.nargs == 0)  # store_true flags
@@ -106,7 +107,7 @@ def make_cell(point, sources, axis_names, root, check_files, where):
 
     if method not in METHODS:
         fail("method", f"{method!r}; choose one of {', '.join(METHODS)}")
-    family = next(f for f in (RR, SAC, RES) if method in f)
+    family = next(f for f in FAMILIES if method in f)
     task = point.get("task")
     for key in PER_TASK:  # a task table's own length limit (L per data set) beats [run]'s
         if isinstance(task, dict) and key in task:
@@ -268,14 +269,14 @@ def _models(method, point, agents):
     """Every model name the cell loads (None: the embedded default)."""
     if method in RR:
         return list(dict.fromkeys(point.get("models") or [point.get("model")]))
-    if method in RES:
-        return [point.get("model")]
-    strong = point.get("strong_model")
-    names = [strong, point.get("weak_model", strong) if point.get("weak", 2) else None,
-             # a decoy writes with its model, an adaptive adversary judges with it (run sac|cpwbft's rule)
-             point.get("adversary_model", strong)
-             if point.get("byzantine", 1) and point.get("adversary") in ("decoy", "adaptive") else None]
-    return list(dict.fromkeys(n for n in names if n is not None)) or [None]
+    if method in SAC:
+        strong = point.get("strong_model")
+        names = [strong, point.get("weak_model", strong) if point.get("weak", 2) else None,
+                 # a decoy writes with its model, an adaptive adversary judges with it (run sac|cpwbft's rule)
+                 point.get("adversary_model", strong)
+                 if point.get("byzantine", 1) and point.get("adversary") in ("decoy", "adaptive") else None]
+        return list(dict.fromkeys(n for n in names if n is not None)) or [None]
+    return [point.get("model")]  # resilience, and any method of one --model
 
 
 def _name(method, params, axis_names):

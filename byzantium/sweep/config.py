@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cell_checks import parse_cell
-from .cells import ENGINE_KEYS, KEYS, METHODS, RES, RR, SAC, ConfigError, make_cell
+from .cells import ENGINE_KEYS, FAMILIES, KEYS, METHODS, RES, RR, SAC, ConfigError, make_cell
 from .needs import PROMPT_BUDGET
 
 try:
@@ -188,7 +188,7 @@ def _own_keys(points):
     """In a file whose methods come from several families (MAJ beside SAC), each point without the keys
     of the other families' methods (F for MAJ, K for SAC): [run] and [axes] then serve both. A key that
     none of the file's methods has stays, for make_cell to refuse."""
-    families = [f for f in (RR, SAC, RES) if any(p.get("method") in f for p, _ in points)]
+    families = [f for f in FAMILIES if any(p.get("method") in f for p, _ in points)]
     if len(families) < 2:
         return points
     scope = set().union(*families)
