@@ -584,6 +584,81 @@ def test_generated_tokens_per_method(tmp_path):
     assert cell_tokens(load_sweep(path).cells[0]) == 5 * 7  # five roles, one turn each
 
 
+def test_generated_tokens_from_the_defaults(tmp_path):
+    """The estimate where the file leaves a setting to the run: RRMaj's M is N, SAC's logprob scoring
+    generates no judgement, resilience's turns run to the agents' own limit (run resilience --help: 1024)."""
+    from byzantium.sweep.dry_run import cell_tokens
+    path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = ["maj", "rr", "rrmaj"]') + "agents = 4\n")
+    assert {c.method: cell_tokens(c) for c in load_sweep(path).cells} == {"maj": 4 * 512, "rr": 512, "rrmaj": 4 * 512}
+    path = sweep_file(tmp_path, 'paper = "sac"\nmethod = "sac"\n[analysis]\nkind = "sac"\n[run]\n'
+                      'topology = "complete"\nagents = 4\nweak = 0\nbyzantine = 1\nF = 1\nrounds = 2\n'
+                      'max_tokens = 10\nscore_mode = "logprob"\n', "s.toml")
+    assert cell_tokens(load_sweep(path).cells[0]) == 4 * 10 + 2 * 4 * 10  # solves and refines only
+    path = sweep_file(tmp_path, 'paper = "mas"\nmethod = "resilience"\n[analysis]\nkind = "resilience"\n[run]\n'
+                      'system = "metagpt"\n', "r.toml")
+    assert cell_tokens(load_sweep(path).cells[0]) == 5 * 1024
+
+
+def test_the_context_a_cell_needs(tmp_path):
+    """needed_len past the prompt: RR the shared answer (L); SAC the neighbours' answers (64 tokens each)
+    and the longer of a solve and a judgement (CP-WBFT: a solve); resilience 4 earlier messages and its
+    own, at max_tokens (unset: 1024) each."""
+    path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = ["maj", "rrmaj"]') + "max_len = 50\n")
+    assert [needed_len(c, 0) for c in load_sweep(path).cells] == [50, 50]
+    path = sweep_file(tmp_path, 'paper = "sac"\nmethod = ["sac", "cpwbft"]\n[analysis]\nkind = "sac"\n[run]\n'
+                      'agents = 4\nweak = 0\nbyzantine = 1\nF = 1\ntopology = "complete"\nmax_tokens = 10\n'
+                      'judge_max_tokens = 30\n', "s.toml")
+    assert {c.method: needed_len(c, 100) for c in load_sweep(path).cells} == {"sac": 100 + 4 * 64 + 30,
+                                                                               "cpwbft": 100 + 4 * 64 + 10}
+    path = sweep_file(tmp_path, 'paper = "mas"\nmethod = "resilience"\n[analysis]\nkind = "resilience"\n'
+                      '[[cells]]\nsystem = "camel"\n[[cells]]\nsystem = "metagpt"\nmax_tokens = 8\n', "r.toml")
+    assert [needed_len(c, 0) for c in load_sweep(path).cells] == [5 * 1024, 5 * 8]
+
+
+def test_every_run_method_tells_the_sweep_what_it_shows_and_generates():
+    """No method is left to a table in the sweep: each declares what its cells show (keys a file may
+    set), how many tokens a cell generates, the context it needs and the run's checks that load nothing;
+    a cell's default task is its --task flag's."""
+    from byzantium.experiments.run_command import RUN_METHODS
+    from byzantium.sweep.cells import DEFAULT_TASK, PARSERS
+    for command in RUN_METHODS:
+        assert None not in (command.sweep_shown, command.sweep_tokens, command.sweep_length, command.sweep_check)
+        args = PARSERS[command.name].parse_args([])
+        assert set(command.sweep_shown(args)) <= set(command.sweep_keys), command.name
+    assert DEFAULT_TASK == {"maj": "gen-arith", "rr": "gen-arith", "rrmaj": "gen-arith", "sac": "gen-arith",
+                            "cpwbft": "gen-arith", "resilience": "gen-code"}
+
+
+def test_what_every_cell_shows(tmp_path):
+    """Each method's cells show its settings with the run's defaults filled in (run <method> --help),
+    whether or not the file set them: RRMaj's M is N when unset, SAC's topology merg, CP-WBFT shows no
+    judge, resilience shows max_tokens only when set (unset: the agents' own limit)."""
+    from byzantium.protocols.prompts import TEMPERATURE as SAC_TEMPERATURE
+    from byzantium.protocols.rr_prompts import TEMPERATURE as RR_TEMPERATURE
+    path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = ["maj", "rr", "rrmaj"]') + "agents = 4\n")
+    maj = dict(limit=2, agents=4, task="gen-arith", corrupt=0, pattern="0c4t", max_len=512, attack="strong",
+               temperature=RR_TEMPERATURE, seed=0)
+    assert {c.method: c.params for c in load_sweep(path).cells} == {
+        "maj": maj, "rr": maj | {"chunk": 100}, "rrmaj": maj | {"chunk": 100, "trajectories": 4}}
+    path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = "rrmaj"') +
+                      "trajectories = 3\n[[cells]]\ncorrupted = [1, 3]\nagents = 6\n")
+    params = load_sweep(path).cells[0].params
+    assert (params["pattern"], params["corrupt"], params["trajectories"]) == ("2c4t", 2, 3)
+    path = sweep_file(tmp_path, 'paper = "sac"\nmethod = ["sac", "cpwbft"]\n[analysis]\nkind = "sac"\n[run]\n'
+                      'limit = 2\n', "s.toml")
+    cpwbft = dict(limit=2, task="gen-arith", agents=7, weak=2, byzantine=1, adversary="fixed", F=3, rounds=6,
+                  topology="merg", max_tokens=1000, temperature=SAC_TEMPERATURE, seed=0)
+    assert {c.method: c.params for c in load_sweep(path).cells} == {
+        "sac": cpwbft | {"judge_max_tokens": 1000, "score_mode": "generate"}, "cpwbft": cpwbft}
+    path = sweep_file(tmp_path, 'paper = "mas"\nmethod = "resilience"\n[analysis]\nkind = "resilience"\n[run]\n'
+                      'limit = 2\n[axes]\nsystem = ["metagpt", "camel"]\n[[cells]]\n[[cells]]\nmax_tokens = 64\n',
+                      "r.toml")
+    shown = [{k: v for k, v in c.params.items() if k != "task"} for c in load_sweep(path).cells]
+    resilience = dict(limit=2, defence="none", fault="none", seed=0)
+    assert shown == [resilience | {"system": "metagpt"}, resilience | {"system": "metagpt", "max_tokens": 64},
+                     resilience | {"system": "camel"}, resilience | {"system": "camel", "max_tokens": 64}]
+
+
 def test_dry_run_makes_no_network_call(tmp_path, no_loading, capsys, monkeypatch):
     import socket
 
