@@ -629,6 +629,64 @@ def test_every_run_method_tells_the_sweep_what_it_shows_and_generates():
                             "cpwbft": "gen-arith", "resilience": "gen-code"}
 
 
+# A run method the sweep has never heard of: its Command alone (flags and what it tells the sweep).
+ECHO = """
+import json, sys
+from byzantium.commands import TASK_KEYS, Command, task_args
+from byzantium.experiments import run_command
+
+
+def echo_args(ap):
+    ap.add_argument("--agents", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--model", default=None)
+    task_args(ap, 100)
+
+
+def check(args):
+    if args.agents > 9:
+        raise ValueError(f"--agents {args.agents}: at most 9")
+
+
+run_command.RUN_METHODS = run_command.RUN_METHODS + [Command(
+    "echo", "a method of one model", echo_args, sweep_keys=("agents", "max_tokens", "model") + TASK_KEYS,
+    sweep_shown=lambda args: {"agents": args.agents, "max_tokens": args.max_tokens, "limit": args.limit},
+    sweep_tokens=lambda params: params["agents"] * params["max_tokens"],
+    sweep_length=lambda params, budget: budget + params["max_tokens"], sweep_check=check)]
+from byzantium.sweep.config import ConfigError, load_sweep
+from byzantium.sweep.dry_run import cell_tokens
+from byzantium.sweep.needs import needed_len
+try:
+    cells = load_sweep(sys.argv[1], check_files=False).cells
+except ConfigError as error:
+    print(json.dumps(str(error)))
+else:
+    print(json.dumps([[c.method, c.params, c.models, cell_tokens(c), needed_len(c, 0)] for c in cells]))
+"""
+
+
+def test_a_new_run_method_needs_no_sweep_table(tmp_path):
+    """A method registered with its Command alone (no line in the sweep): a file runs it beside MAJ, each
+    method keeping its own keys; its cells show, estimate and refuse what its Command says."""
+    import subprocess
+    import sys
+    script = tmp_path / "echo.py"
+    script.write_text(ECHO)
+    path = sweep_file(tmp_path, BASE.replace('method = "maj"', 'method = ["maj", "echo"]') +
+                      'corrupt = 1\nmax_tokens = 10\nmodel = "org/Thing-1B"\n[axes]\nagents = [4, 12]\n')
+
+    def run():
+        done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+    assert run() == f"{path.name}: [axes].agents: --agents 12: at most 9 (cell echo-gen-arith-N12)"
+    path.write_text(path.read_text().replace("[4, 12]", "[4]"))
+    (maj, maj_params, maj_models, *_), echo = run()
+    assert maj == "maj" and maj_params["corrupt"] == 1 and "max_tokens" not in maj_params
+    assert maj_models == ["org/Thing-1B"]
+    assert echo == ["echo", {"limit": 2, "max_tokens": 10, "model": "org/Thing-1B", "agents": 4, "task": "gen-arith"},
+                    ["org/Thing-1B"], 40, 10]
+
+
 def test_what_every_cell_shows(tmp_path):
     """Each method's cells show its settings with the run's defaults filled in (run <method> --help),
     whether or not the file set them: RRMaj's M is N when unset, SAC's topology merg, CP-WBFT shows no
