@@ -8,7 +8,7 @@ apply_bitmask: -inf where refused; advance: each matcher takes its token), and t
 run (best of the repeats). The first is the cost; the second difference is that cost plus the machine's
 noise. --constraint json_object measures JSON mode instead (no schema; its grammar time includes the
 closing that keeps it within max_tokens, engine/json_closing.py, shown apart as "of which closing", as it
-is for a schema: engine/json_schema_closing.py). Appends a dated entry to
+is for a schema: engine/json_schema/). Appends a dated entry to
 bench/results/grammar_mask.md.
 
     python bench/grammar_mask.py [--batches 1,32] [--new 48] [--repeats 2] [--constraint schema|json_object]

@@ -5,7 +5,7 @@ and guided_regex hold, and bad or conflicting constraints are 400s naming their 
 JSON mode without a schema (json_object) gives a JSON object every time too: the 135M model often writes
 an object that would not close before max_tokens, and the engine makes it close within its budget
 (finish_reason "length"; engine/json_closing.py), and so does a schema that bounds nothing
-(engine/json_schema_closing.py)."""
+(engine/json_schema/)."""
 import json
 import re
 
@@ -70,7 +70,7 @@ def test_json_object_gives_a_json_object_every_time(client, temperature):
 def test_a_schema_that_bounds_nothing_gives_an_instance_every_time(client, temperature):
     """Strings and lists of any length and other properties not excluded: the objects take only the
     properties they name (strict_schema.py), and an answer that would run past max_tokens is closed as an
-    instance (json_schema_closing.py)."""
+    instance (json_schema/)."""
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"},
                                                "genres": {"type": "array", "items": {"type": "string"}},

@@ -244,7 +244,7 @@ LOOSE = {"type": "object",
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_json_schema_outputs_close_within_their_budget(engine, temperature):
     """A schema that bounds nothing, on budgets too short for most answers: every output is still an
-    instance of it (json_schema_closing.py), with no property the schema does not name (strict_schema.py)."""
+    instance of it (json_schema/), with no property the schema does not name (strict_schema.py)."""
     jsonschema = pytest.importorskip("jsonschema")
     prompts = [chat(engine, f"Describe {t} as a person in JSON.") for t in TOPICS]
     outs = engine.generate(prompts, [SamplingParams(max_tokens=36, temperature=temperature, seed=i, json_schema=LOOSE)

@@ -153,7 +153,7 @@ class GrammarState:
 
 
 class JsonCloser:
-    """The bound on length of JSON mode and of a JSON schema (json_closing.py, json_schema_closing.py): a
+    """The bound on length of JSON mode and of a JSON schema (json_closing.py, json_schema/): a
     request whose tokens left are within `reserve` of the tokens that close its JSON is made to write
     them. `reserve` covers the most one sampled token can add to the closing: RESERVE for free JSON
     (e.g. `[{"` opens three things), plus, with a schema, the tokens of its longest member (a key begun

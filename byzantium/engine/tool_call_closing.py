@@ -1,5 +1,5 @@
 """Forced tool calls end within max_tokens: the closing of a call being written, as JSON schemas have
-(json_schema_closing.py), for the grammars that force calls (server/tools.py: tool_choice "required" or
+(json_schema/), for the grammars that force calls (server/tools.py: tool_choice "required" or
 a named function).
 
 Such a grammar writes calls as `start` + a JSON object under the call schema + `end`, with `sep` between
