@@ -727,3 +727,15 @@ def test_dry_run_makes_no_network_call(tmp_path, no_loading, capsys, monkeypatch
     path = sweep_file(tmp_path, BASE + "[axes]\nmodel = ['meta-llama/Llama-3.3-70B-Instruct', 'org/unknown-model']\n")
     out, rows_ = dry_run_lines(capsys, path, tmp_path)
     assert "weights unknown (no parameter count in its name)" in out
+
+
+def test_a_cell_without_a_task_is_labelled_with_the_task_it_runs(tmp_path, no_loading):
+    """A cell that names no task runs its method's --task default, and its params and directory say that
+    task (a resilience cell runs gen-code, a MAJ cell gen-arith), not one default for every method."""
+    path = sweep_file(tmp_path, 'paper = "mas"\nmethod = "resilience"\n[analysis]\nkind = "resilience"\n[run]\n'
+                                'system = "camel"\n')
+    (cell,) = load_sweep(path).cells
+    assert "--task" not in cell.argv and cell.params["task"] == "gen-code" and "gen-code" in cell.name
+    path = sweep_file(tmp_path, BASE, "m.toml")
+    (cell,) = load_sweep(path).cells
+    assert "--task" not in cell.argv and cell.params["task"] == "gen-arith"

@@ -155,7 +155,7 @@ def make_cell(point, sources, axis_names, root, check_files, where):
         fail("models", f"names {len(point['models'])} models for agents={agents}; give one per agent")
 
     data_key = "task" if isinstance(point.get("task"), dict) and "data" in point["task"] else "data"
-    task, label, data = _task(point, fail)
+    task, label, data = _task(point, fail, DEFAULT_TASK[method])
     if data is not None:
         data_path = Path(data) if Path(data).is_absolute() else root / data
         if check_files and not data_path.exists():
@@ -223,8 +223,9 @@ def _check_type(key, value, fail):
             fail(key, f"a number, not the string {value!r}")
 
 
-def _task(point, fail):
-    """(the --task value or None, the cell's task label, the data file as written or None)."""
+def _task(point, fail, default_task):
+    """(the --task value or None, the cell's task label, the data file as written or None); a cell with
+    neither task nor data runs (and is labelled) its method's default task."""
     task, data = point.get("task"), point.get("data")
     if isinstance(task, dict):
         for key in task:
@@ -240,7 +241,7 @@ def _task(point, fail):
         return task, label, data
     if task is not None and not isinstance(task, str):
         fail("task", f"a task name or a table {{name, task, data}}, got {task!r}")
-    label = task or (Path(data).name.split(".")[0] if data else "gen-arith")
+    label = task or (Path(data).name.split(".")[0] if data else default_task)
     return task, label, data
 
 

@@ -279,7 +279,7 @@ def describe(sweep, backend="native", dtype="bfloat16", memory=None, gpus=1, fla
         lines.append(f"plan: `byzantium plan`'s for each model alone on --gpus {gpus} such GPU{'s' if gpus > 1 else ''} "
                      f"(bf16 at the smallest TP that fits, else fp8), KV room for {DEFAULT_SEQS} sequences of the "
                      "length it needs; set a plan with [models.\"name\"] tensor_parallel_size / quantization")
-    lines.append("gen tokens: an upper bound, every answer at its length limit (sweep.cell_tokens); needed "
+    lines.append("gen tokens: an upper bound, every answer at its length limit (sweep/dry_run.py, the method's sweep_tokens); needed "
                  f"length = prompt budget ({sweep.prompt_budget} tokens, an estimate) + what the cell generates "
-                 "after it (sweep_config.needed_len)")
+                 "after it (sweep/needs.py, the method's sweep_length)")
     return "\n".join(lines)
