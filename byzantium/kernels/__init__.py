@@ -2,7 +2,8 @@
 
 Every backend module provides the same three functions (see `reference.py` for their contract):
 `store_kv`, `append_prefill_attention`, `paged_decode_attention`. Both attention functions take
-`window` (None: global attention; W: the query at position p sees keys (p - W, p], a sliding-window layer).
+`window` (None: global attention; W: the query at position p sees keys (p - W, p], a sliding-window layer),
+and the backends that set CHUNKED_ATTENTION `chunk` (C: keys [p // C * C, p], Llama 4's local layers).
 Which backend runs a model is decided once, by engine/attention_backend.py; here a name is only looked up.
 """
 import importlib

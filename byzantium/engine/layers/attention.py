@@ -5,7 +5,7 @@ The rows of a step come decode rows first (runner.py), `meta.num_decode` of them
 attention backend the runner chose (kernels.attention_ops). `window` W makes a sliding-window layer: the
 query at position p sees keys (p - W, p]; None attends to the whole context. `chunk` C makes a chunked
 layer (Llama 4's local layers): the query at position p sees keys [p // C * C, p]; only the backends that
-say CHUNKED_ATTENTION (torch, triton) take it (engine/attention_backend.py chooses one of them
+say CHUNKED_ATTENTION (torch, triton, cpu) take it (engine/attention_backend.py chooses one of them
 for such a model); the others fail with a clear error.
 
 AttentionProjections is what every model's attention module starts from: this rank's heads and the
@@ -56,7 +56,7 @@ class PagedAttention(nn.Module):
         ops, d, T = meta.ops, meta.num_decode, q.shape[0]
         if self.chunk is not None and not getattr(ops, "CHUNKED_ATTENTION", False):
             raise ValueError(f"attention_backend {backend_name(ops)!r} has no chunked attention, which this model's "
-                             f"local layers need (attention_chunk_size={self.chunk}); use attention_backend='torch'")
+                             f"local layers need (attention_chunk_size={self.chunk}); use attention_backend='auto'")
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if d == T:
             return self._decode(q, meta, k_cache, v_cache)
