@@ -165,7 +165,11 @@ PATTERNS = [("^[A-Z]{2}-[0-9]{3}$", 0, ["AB-123", "ZZ-000"]),
             ("^[a-z]+$", 5, ["hello", "abcdefgh"]),
             (r'^a"b\\c[0-9]*\n?$', 0, ['a"b\\c', 'a"b\\c12\n']),  # a quote, a backslash, a control character
             (r"^\d{4}-\d{2}(-\d{2})?$", 0, ["2024-02", "2024-02-29"]),
-            ("^caf\u00e9 [^ ]+$", 0, ["caf\u00e9 \U0001F600"])]
+            ("^caf\u00e9 [^ ]+$", 0, ["caf\u00e9 \U0001F600"]),
+            ("(?i)^[a-z]+$", 3, ["Hello", "abcDEF"]),  # inline flags: case-insensitive, dot-all, verbose, scoped
+            ("(?s)^<.{1,5}>$", 0, ["<a\nb>", "<\n>"]),
+            ("(?x) ^ [A-Z]{2} - [0-9]+ $  # a code", 0, ["AB-12"]),
+            ("^id-(?i:[a-f]+)-[0-9]$", 0, ["id-aBc-7"])]
 
 
 @pytest.mark.parametrize("pattern, least, values", PATTERNS)
@@ -191,10 +195,11 @@ def test_a_pattern_string_closes_to_a_match_from_every_prefix(pattern, least, va
 
 
 def test_a_pattern_the_automaton_does_not_read_gets_no_closing_as_before():
-    """A pattern the automaton does not read (a back-reference, flags, look-around, \\b, \\p{..}) gives no
-    closing wherever the string is open: None, so nothing is forced, as a back-reference always gave."""
+    """A pattern the automaton does not read (a back-reference, look-around, \\b, \\p{..}, a ^ or $
+    under (?m)) gives no closing wherever the string is open: None, so nothing is forced, as a back-reference
+    always gave."""
     from byzantium.engine.json_schema.strings import pattern_automaton, string_ending
-    for pattern in [r"^(ab)\1$", r"(?i)^[a-z]+$", r"^(?=a)a+$", r"^\ba$", r"^\p{L}+$"]:
+    for pattern in [r"^(ab)\1$", r"^(?=a)a+$", r"^\ba$", r"^\p{L}+$", r"(?m)^[a-z]+$"]:
         assert pattern_automaton(pattern) is None, pattern
         schema = {"type": "object", "properties": {"k": {"type": "string", "pattern": pattern}}, "required": ["k"]}
         for text in ['{"k": "', '{"k": "a', '{"k', "{"]:

@@ -19,7 +19,16 @@ CASES = [(r"[0-9]{3}-[0-9]{4}", ["555-0142"]),
          (r"colou?r(s|ed)?|grey", ["coloured", "grey", "colors"]),
          (r"\w+\s\w+\?", ["hi there?"]),
          (r"[\d.-]+x*", ["3.14-2xx"]),
-         (r"(ab|cd){2,}\.?", ["abcdab."])]
+         (r"(ab|cd){2,}\.?", ["abcdab."]),
+         # inline flags: i (other-case forms: the Kelvin sign is a k, Σ and ς are σ), s, m, x, scoped, mixed
+         (r"(?i)[a-z]+-(ok|no)", ["Hello-OK", "\u212aelvin-nO"]),
+         (r"(?i)(straße|café) [α-ω]{2,4}!", ["STRAßE ΑΒΓ!", "Café σς!", "CAFÉ ΣΣΣΣ!"]),
+         (r"(?s)<b>.{1,20}</b>", ["<b>two\nlines</b>", "<b>\n\n😀</b>"]),
+         (r"(?m)(yes|no)\n(?s:.)", ["yes\n\n", "no\nx"]),  # m without ^ or $ changes nothing
+         (r"(?x) [0-9]{3} - [0-9]{4}  (\ ext\ [0-9]+)?  # a phone number", ["555-0142", "555-0142 ext 7"]),
+         (r"(?i:hello) world|(?s:x.)y", ["HeLLo world", "x\ny"]),
+         (r"(?i)id-[a-f]{2}(?-i:[A-Z]+)", ["ID-aFXY", "id-abQ"]),
+         (r"(?is)begin.+end", ["BEGIN\nx\nEnd"])]
 
 
 def states_after(machine, text):
@@ -50,10 +59,31 @@ def test_every_byte_prefix_closes_into_a_match(regex, texts):
 
 
 def test_syntax_it_does_not_read_gets_no_closing():
-    for regex in [r"(?i)abc", r"\bword", r"(?=a)a", r"\p{L}+", r"[[:alpha:]]", r"(a)\1", r"a{1,100000}",
-                  r"\x{41", r"a\u{1F600"]:  # an unclosed \x{ or \u{: refused, not read again from the start
+    for regex in [r"\bword", r"(?=a)a", r"(?<=a)b", r"(?<!a)b", r"\p{L}+", r"[[:alpha:]]", r"(a)\1", r"a{1,100000}",
+                  r"\x{41", r"a\u{1F600",  # an unclosed \x{ or \u{: refused, not read again from the start
+                  r"a{1, 2}",  # Python's re reads it as text, the grammar engine refuses it
+                  r"(?a)abc", r"(?-u)a", r"(?#note)a", r"(?)a", r"(?i-i)a", r"(?P=n)",  # flags not read
+                  r"(?m)^a$", r"(?m)a$b", r"(?m:^a)",  # a line's anchor: the grammar engine refuses it too
+                  r"(?x)[a b]", r"(?x)[#a]", "(?x)a\u00a0b",  # what (?x) would skip in a class, or beyond spaces
+                  "(?x)a\tb", "(?x)a\nb", "(?x)a#c\nb", "(?x)a\\\nb"]:  # read as themselves by the grammar engine
         assert automaton(regex) is None, regex
     assert automaton(r"a|b") is not None
+
+
+def test_flags_hold_where_they_are_written():
+    """Case folding applies to literals and classes before a negation, not to \\W; a scoped flag ends with
+    its group; a (?flags) in a group holds to the group's end, across its options (as the grammar engine's
+    Rust syntax has it: Python's re takes flags only at the start)."""
+    def reads(regex, text):
+        states = states_after(automaton(regex), text)
+        return bool(states) and automaton(regex).closing(states) == b""
+    assert reads(r"(?i)[^a]", "b") and not reads(r"(?i)[^a]", "A")
+    assert not reads(r"(?i)\W", "k") and reads(r"(?i)\x41", "a")
+    assert reads(r"(?i:a)b", "Ab") and not reads(r"(?i:a)b", "AB")
+    assert reads(r"(a(?i)b|c)d", "aBd") and reads(r"(a(?i)b|c)d", "Cd") and not reads(r"(a(?i)b|c)d", "CD")
+    assert reads(r"(?i)ß", "ẞ") and not reads(r"(?i)ß", "SS")  # simple case folding: one character each
+    assert not reads(r".", "\n") and reads(r"(?s).", "\n") and not reads(r"(?s:.).", "\n\n")
+    assert reads("(?x)a b #c", "ab") and reads(r"(?x)a\ b", "a b") and reads(r"(?U)a+?b", "aab")
 
 
 def test_the_code_points_a_split_character_may_be():
