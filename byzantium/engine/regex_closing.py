@@ -288,7 +288,7 @@ class Reader:
             raise Unsupported(f"the escape \\{char}")
         else:
             code = ord(char)
-        return code, ((code, code),)
+        return code, None
 
     def hex_code(self, kind):
         if self.peek() == "{":
