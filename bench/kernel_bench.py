@@ -169,7 +169,7 @@ def markdown(rows, title=None):
 def run(device, dtype, smoke=False, backends=("triton",)):
     """(markdown sections for the decode and prefill benchmarks, copy GB/s)."""
     device = torch.device(device)
-    ops = {name: attention_ops(name, device) for name in backends}
+    ops = {name: attention_ops(name) for name in backends}
     sections = []
     copy_gbps = copy_bandwidth(device, 2**24 if smoke else 2**30)
     sections.append(f"Device-to-device copy: {copy_gbps:.0f} GB/s (read + write)\n")
@@ -224,7 +224,7 @@ def run_cpu(backends=("torch", "cpu")):
     """Decode and prefill attention with SmolLM2-135M's heads (9 query, 3 KV, head_dim 64) and its
     linears, fp32."""
     device = torch.device("cpu")
-    ops = {name: attention_ops(name, device) for name in backends}
+    ops = {name: attention_ops(name) for name in backends}
     decode_ops = dict(ops, **({"cpu avx2": Avx2Decode} if "cpu" in ops else {}))
     rows = decode_rows(decode_ops, CPU_DECODE, torch.float32, device, num_heads=9, num_kv_heads=3, head_dim=64)
     for row in rows:

@@ -13,7 +13,7 @@ from byzantium.cli import COMMANDS
 from byzantium.experiments.run_command import RUN_METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "fastapi", "transformers")
+HEAVY = ("torch", "fastapi", "transformers", "scipy")
 
 
 def run_cli(*argv):

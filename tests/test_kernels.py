@@ -318,7 +318,7 @@ def test_flash_without_flash_attn_says_what_to_install():
     with pytest.raises(RuntimeError, match="flash-attn"):
         flash.append_prefill_attention(**data, scale=0.125)
     with pytest.raises(RuntimeError, match="flash-attn"):
-        attention_ops("flash_attn", "cuda")
+        attention_ops("flash_attn")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None or not HAS_CUDA,
@@ -338,11 +338,11 @@ def test_flash_matches_reference(dtype):
 
 def test_dispatch_looks_up_the_chosen_backend():
     from byzantium.kernels import cpu
-    assert attention_ops("cpu") is cpu and attention_ops("torch", torch.device("cuda", 0)) is reference
+    assert attention_ops("cpu") is cpu and attention_ops("torch") is reference
     with pytest.raises(ValueError, match="attention_backend"):
-        attention_ops("xformers", "cpu")
+        attention_ops("xformers")
     with pytest.raises(ValueError, match="choose_attention_backend"):  # nothing is chosen here
-        attention_ops("auto", "cpu")
+        attention_ops("auto")
 
 
 def test_the_cpu_kernels_build_wherever_they_are_supported():

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
-
-FP8_KV = torch.float8_e4m3fn
+from ..kernels.reference import FP8_KV
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,8 @@ def backend_name(ops):
     return {module: name for name, module in _MODULES.items()}[ops.__name__.rsplit(".", 1)[-1]]
 
 
-def attention_ops(backend, device=None):
-    """The module implementing attention backend `backend` (a name engine/attention_backend.py chose).
-    `device` is not read: kept for callers that still pass it."""
+def attention_ops(backend):
+    """The module implementing attention backend `backend` (a name engine/attention_backend.py chose)."""
     if backend not in _MODULES:
         raise ValueError(f"unknown attention_backend {backend!r}; choose one of {', '.join(_MODULES)} "
                          "('auto' is resolved by engine.attention_backend.choose_attention_backend)")

@@ -21,7 +21,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import fisher_exact
 
 from ...tasks import is_correct, normalize_answer
 from ..plurality import plurality
@@ -261,6 +260,7 @@ def final_speaker(results):
                 continue
             row = 1 if _get(last, "corrupted") else 0
             table[row][0 if _get(traj, "correct") else 1] += 1
+    from scipy.stats import fisher_exact  # here: scipy costs `report --help` a second at import
     odds, p = fisher_exact(table)
     n_clean, n_bad = sum(table[0]), sum(table[1])
     return dict(table=table, clean_n=n_clean, corrupt_n=n_bad,
