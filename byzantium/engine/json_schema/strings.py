@@ -3,7 +3,7 @@ as an example of its `format`.
 
 A pattern is read into regex_closing's automaton, the written characters are run through it, and the
 ending is the shortest way from there to a match (padded first to minLength). A pattern the automaton
-does not read (flags, look-around, back-references, \\b, \\p{..}) gives no ending, as a back-reference
+does not read (look-around, back-references, ^/$ under (?m), \\b, \\p{..}) gives no ending, as a back-reference
 always did here: nothing is forced and the request runs on as it would without a closing. Patterns come
 from requests and strings from the model, both untrusted: the automaton never backtracks, and the work
 of one closing is bounded (LONGEST_MATCHED, MOST_PADDING, regex_closing.MAX_STATES)."""
