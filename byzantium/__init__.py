@@ -6,8 +6,9 @@ interface protocols call, on this engine or plain transformers).
 The names are imported on first use (PEP 562), not with the package: `import byzantium` and commands
 that need no engine (`byzantium plan`, `--help`) start without torch.
 """
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
     from .backends import LLMPool, load_llm
@@ -25,13 +26,4 @@ _PUBLIC = {"Engine": ".engine.engine", "AsyncEngine": ".engine.async_engine", "R
 __all__ = ["Engine", "AsyncEngine", "SamplingParams", "RequestOutput", "Session", "LLMPool", "load_llm"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'byzantium' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())

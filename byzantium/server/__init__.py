@@ -25,8 +25,9 @@ The files, each importing only those below it:
     responses.py  ids, finish reasons, logprobs, text deltas, events
     schemas.py    request bodies, their sampling params, the error shape
 """
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
     from .app import ServerThread, build_app, cmd_serve, serve
@@ -40,13 +41,4 @@ _PUBLIC = {"APIError": ".schemas", "ServerThread": ".app", "add_serve_args": ".a
 __all__ = ["APIError", "ServerThread", "add_serve_args", "build_app", "cmd_serve", "serve"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())
