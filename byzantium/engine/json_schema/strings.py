@@ -9,7 +9,8 @@ from requests and strings from the model, both untrusted: the automaton never ba
 of one closing is bounded (LONGEST_MATCHED, MOST_PADDING, regex_closing.MAX_STATES)."""
 from functools import lru_cache
 
-from ..regex_closing import automaton, representative
+from ..regex_closing import automaton
+from ..regex_reader import representative
 
 FORMATS = {"date": "2000-01-01", "time": "00:00:00Z", "date-time": "2000-01-01T00:00:00Z", "email": "a@a.aa",
            "uuid": "00000000-0000-0000-0000-000000000000", "ipv4": "0.0.0.0", "ipv6": "::", "hostname": "a",
