@@ -27,7 +27,7 @@ WHAT = {  # a few words for each package
     "commands": "the command registry", "experiments": "runs, reports, plots",
     "protocols": "SAC, CP-WBFT, RR, MAJ, resilience", "backends": "the LLM interface",
     "tasks": "data, answers, sandbox", "engine": "the decoding engine", "kernels": "attention, linears, MoE",
-    "paths": "cache folders",
+    "paths": "cache folders", "lazy_exports": "names loaded on first use",
 }
 
 
